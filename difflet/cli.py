@@ -30,7 +30,7 @@ def main() -> None:
 def _register() -> None:
     import importlib
 
-    for module in ("difflet.frontend.commands", "difflet.passes.commands",
+    for module in ("difflet.ir.commands", "difflet.frontend.commands", "difflet.passes.commands",
                    "difflet.codegen.commands", "difflet.runtime.commands"):
         try:
             mod = importlib.import_module(module)
