@@ -93,8 +93,10 @@ def _format_result(v: Value) -> str:
     return f"%{word(v.name)} : {format_type(v.type)}"
 
 
-def format_header(node: Node, indent: str = "") -> str:
-    """A node's own line (without its body): `op @name(%args) -> %r : type {attrs} loc(...)`."""
+def format_header(node: Node, indent: str = "", wrap: bool = True) -> str:
+    """A node's own line (without its body): `op @name(%args) -> %r : type {attrs} loc(...)`.
+
+    `wrap=False` keeps long attrs on the one line (for error snippets)."""
     head = f"{node.op.value} @{word(node.name)}"
     if node.args:
         head += "(" + ", ".join(f"%{word(a)}" for a in node.args) + ")"
@@ -103,7 +105,8 @@ def format_header(node: Node, indent: str = "") -> str:
     tail = " " + format_loc(node.loc)
     if not node.attrs:
         return head + tail
-    return f"{head} {_attrs_text(node.attrs, indent)}{tail}"
+    attrs = _attrs_text(node.attrs, indent) if wrap else format_attrs(node.attrs)
+    return f"{head} {attrs}{tail}"
 
 
 def _print_body(body: tuple[Node, ...], indent: str, out: list[str]) -> None:
