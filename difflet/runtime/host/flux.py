@@ -1,0 +1,228 @@
+"""FLUX.1 host steps, matching diffusers' FluxPipeline (pipeline_flux.py) operation for operation.
+
+Invariants:
+- Shapes come from the IR (program input/output types), never from a diffusers config, so the
+  host and the compiled programs cannot disagree: latent channels = transformer hidden_states
+  width / 4, vae_scale_factor = image height / VAE latent height.
+- Sampling state (CPU torch.Generator seeded with the request seed, a fresh scheduler instance)
+  lives in `RequestState`, never in `HostEnv`.
+- FLUX attends its T5 padding, so `valid_text` crosses as its IR default (the padded length).
+- The denoise loop's single per-step transformer call is `predict_noise`: the seam that step
+  caching will replace.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import numpy as np
+import torch
+
+from difflet.errors import DiffletError
+from difflet.ir.nodes import Node, Op
+from difflet.runtime.host import host_step
+from difflet.runtime.schedule import HostEnv, RequestState
+
+
+# ---- small pure helpers (copied semantics from pipeline_flux.py)
+
+def calculate_shift(image_seq_len: int, base_seq_len: int = 256, max_seq_len: int = 4096,
+                    base_shift: float = 0.5, max_shift: float = 1.15) -> float:
+    m = (max_shift - base_shift) / (max_seq_len - base_seq_len)
+    return image_seq_len * m + (base_shift - m * base_seq_len)
+
+
+def pack_latents(latents: torch.Tensor) -> torch.Tensor:
+    """[B, C, H, W] -> [B, (H/2)(W/2), 4C]: 2x2 patches become tokens."""
+    b, c, h, w = latents.shape
+    latents = latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)
+    return latents.reshape(b, (h // 2) * (w // 2), c * 4)
+
+
+def unpack_latents(latents: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """Inverse of `pack_latents` for latent height/width (already divided by vae_scale_factor)."""
+    b, _, channels = latents.shape
+    latents = latents.view(b, height // 2, width // 2, channels // 4, 2, 2).permute(0, 3, 1, 4, 2, 5)
+    return latents.reshape(b, channels // 4, height, width)
+
+
+def latent_image_ids(height: int, width: int) -> torch.Tensor:
+    """[(h)(w), 3] RoPE ids of the packed latent grid: (0, row, col)."""
+    ids = torch.zeros(height, width, 3)
+    ids[..., 1] = ids[..., 1] + torch.arange(height)[:, None]
+    ids[..., 2] = ids[..., 2] + torch.arange(width)[None, :]
+    return ids.reshape(height * width, 3)
+
+
+def _input_shape(component: Node, name: str) -> tuple[int, ...]:
+    for node in component.find(Op.INPUT, name):
+        return tuple(node.results[0].type.shape)
+    raise DiffletError(f"component {component.name!r} has no input {name!r}", where=component.loc)
+
+
+def latent_geometry(env: HostEnv, height: int, width: int) -> tuple[int, int, int]:
+    """(latent channels, latent height, latent width), as FluxPipeline.prepare_latents computes."""
+    vae = env.module.components("decoder")[0]
+    z_shape = _input_shape(vae, vae.find(Op.INPUT)[0].name)
+    vae_scale_factor = int(env.profile["height"]) // z_shape[2]
+    denoiser = env.module.components("denoiser")[0]
+    channels = _input_shape(denoiser, "hidden_states")[-1] // 4
+    return (channels, 2 * (int(height) // (vae_scale_factor * 2)),
+            2 * (int(width) // (vae_scale_factor * 2)))
+
+
+def _resolve_class(qualified: str):
+    module, _, name = qualified.rpartition(".")
+    return getattr(importlib.import_module(module or "diffusers"), name)
+
+
+def class_config_value(component: Node, key: str):
+    """A config value of a component: the IR's inline config, else the class's default."""
+    config = component.attrs.get("config")
+    if config is not None and key in config:
+        return config[key]
+    cls = _resolve_class(component.attrs["class"])
+    param = inspect.signature(cls.__init__).parameters.get(key)
+    if param is None or param.default is inspect.Parameter.empty:
+        raise DiffletError(f"component {component.name!r}: config has no {key!r} and "
+                           f"{cls.__name__} has no default for it", where=component.loc)
+    return param.default
+
+
+# ---- the four steps
+
+def _tokenizer(env: HostEnv, component: Node):
+    spec = component.attrs["tokenizer"]
+
+    def load():
+        from transformers import AutoTokenizer
+
+        path = env.host_dir / spec["subfolder"]
+        if not path.is_dir():
+            raise DiffletError(f"tokenizer directory missing from the artifacts", where=str(path))
+        return AutoTokenizer.from_pretrained(str(path))
+
+    return env.asset(f"tokenizer:{component.name}", load), int(spec["max_length"])
+
+
+def tokenize(env: HostEnv, component: Node, prompt: str) -> torch.Tensor:
+    """input_ids [1, max_length], padded to max_length and truncated, as FluxPipeline does."""
+    tokenizer, max_length = _tokenizer(env, component)
+    ids = tokenizer([prompt], padding="max_length", max_length=max_length, truncation=True,
+                    return_length=False, return_overflowing_tokens=False,
+                    return_tensors="pt").input_ids
+    return ids
+
+
+@host_step("flux.encode_prompt", phase="encode")
+def encode_prompt(env: HostEnv, step: Node, state: RequestState) -> None:
+    """CLIP pooled vector (args[0]) + T5 sequence embeddings (args[1]); text ids are zeros."""
+    clip, t5 = (env.component(name) for name in step.args)
+    prompt = state.params.prompt
+    pooled = env.invoke(clip.name, input_ids=tokenize(env, clip, prompt))
+    embeds = env.invoke(t5.name, input_ids=tokenize(env, t5, prompt))
+    state.values["pooled_projections"] = next(iter(pooled.values()))
+    state.values["encoder_hidden_states"] = next(iter(embeds.values()))
+    text_len = state.values["encoder_hidden_states"].shape[1]
+    state.values["txt_ids"] = torch.zeros(text_len, 3)
+
+
+@host_step("flux.prepare_latents", phase="denoise")
+def prepare_latents(env: HostEnv, step: Node, state: RequestState) -> None:
+    """Seeded noise from a CPU generator (the reference's exact draw), packed 2x2, plus img ids."""
+    from diffusers.utils.torch_utils import randn_tensor
+
+    params = state.params
+    channels, height, width = latent_geometry(env, params.height, params.width)
+    generator = torch.Generator("cpu").manual_seed(params.seed)
+    noise = randn_tensor((1, channels, height, width), generator=generator,
+                         device=torch.device("cpu"), dtype=torch.float32)
+    state.values["latents"] = pack_latents(noise)
+    state.values["img_ids"] = latent_image_ids(height // 2, width // 2)
+
+
+def make_scheduler(step: Node):
+    """A fresh scheduler instance for one request, from the step's static attrs."""
+    spec = step.attrs["scheduler"]
+    cls = _resolve_class(spec["class"])
+    return cls.from_config(spec["config"].to_python())
+
+
+def timesteps_for(scheduler, num_steps: int, image_seq_len: int) -> torch.Tensor:
+    """FluxPipeline's schedule: sigmas linspace(1, 1/N, N), resolution shift mu, begin index 0."""
+    sigmas = np.linspace(1.0, 1 / num_steps, num_steps)
+    if getattr(scheduler.config, "use_flow_sigmas", False):
+        sigmas = None
+    cfg = scheduler.config
+    mu = calculate_shift(image_seq_len, cfg.get("base_image_seq_len", 256),
+                         cfg.get("max_image_seq_len", 4096), cfg.get("base_shift", 0.5),
+                         cfg.get("max_shift", 1.15))
+    if sigmas is None:
+        scheduler.set_timesteps(num_steps, device="cpu", mu=mu)
+    else:
+        scheduler.set_timesteps(sigmas=sigmas, device="cpu", mu=mu)
+    scheduler.set_begin_index(0)
+    return scheduler.timesteps
+
+
+def predict_noise(env: HostEnv, component: str, state: RequestState, latents: torch.Tensor,
+                  t: torch.Tensor) -> torch.Tensor:
+    """One transformer call for step timestep `t` (the per-step seam)."""
+    values = state.values
+    out = env.invoke(
+        component,
+        hidden_states=latents,
+        encoder_hidden_states=values["encoder_hidden_states"],
+        pooled_projections=values["pooled_projections"],
+        timestep=t.expand(latents.shape[0]).to(latents.dtype) / 1000,
+        img_ids=values["img_ids"],
+        txt_ids=values["txt_ids"],
+        **values["denoise_extra"],
+    )
+    return next(iter(out.values()))
+
+
+@host_step("flux.denoise", phase="denoise")
+def denoise(env: HostEnv, step: Node, state: RequestState) -> None:
+    """Flow-matching Euler loop with embedded (distilled) guidance."""
+    (transformer,) = step.args
+    guidance_mode = step.attrs.get("guidance", None)
+    mode = guidance_mode["mode"] if guidance_mode is not None else "embedded"
+    if mode != "embedded":
+        raise DiffletError(f"flux.denoise supports guidance mode 'embedded', not {mode!r}",
+                           where=step.loc)
+    names = {n.name for n in env.component(transformer).find(Op.INPUT)}
+    extra = {}
+    if "guidance" in names:
+        extra["guidance"] = torch.full([1], state.params.guidance, dtype=torch.float32)
+    if "valid_text" in names:
+        extra["valid_text"] = env.runtime_default("valid_text")
+    state.values["denoise_extra"] = extra
+
+    scheduler = make_scheduler(step)
+    latents = state.values["latents"]
+    for t in timesteps_for(scheduler, state.params.steps, latents.shape[1]):
+        noise_pred = predict_noise(env, transformer, state, latents, t)
+        latents = scheduler.step(noise_pred, t, latents, return_dict=False)[0]
+    state.values["latents"] = latents
+
+
+@host_step("flux.decode", phase="decode")
+def decode(env: HostEnv, step: Node, state: RequestState) -> None:
+    """Unpack, undo scaling/shift, VAE program, postprocess to uint8 [H, W, 3]."""
+    from diffusers.image_processor import VaeImageProcessor
+
+    (vae_name,) = step.args
+    vae = env.component(vae_name)
+    _, height, width = latent_geometry(env, state.params.height, state.params.width)
+    latents = unpack_latents(state.values["latents"], height, width)
+    scaling, shift = (class_config_value(vae, k) for k in ("scaling_factor", "shift_factor"))
+    if scaling is None or shift is None:  # FluxPipeline would fail on None too
+        raise DiffletError(f"VAE {vae_name!r} needs scaling_factor and shift_factor in its config",
+                           where=vae.loc)
+    latents = latents / scaling + shift
+    z_name = vae.find(Op.INPUT)[0].name
+    image = next(iter(env.invoke(vae_name, **{z_name: latents}).values()))
+    state.values["decoded"] = image
+    array = VaeImageProcessor(do_resize=False).postprocess(image, output_type="np")
+    state.image = (array[0] * 255).round().astype("uint8")

@@ -1,0 +1,76 @@
+"""Call a compiled program by its IR signature: named host values in, named outputs out.
+
+Invariants:
+- Positional order, shapes and dtypes come from the component's `input`/`output` nodes, never
+  from the caller; a tensor of the wrong shape is a host bug and raises before the program runs.
+- A runtime input (`RuntimeType`) crosses as a 0-d int64 tensor and must lie in its `[lo, hi]`.
+- Float tensors are cast to the program's declared dtype (the host computes in float32).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import torch
+
+from difflet.ir.nodes import Node, Op, RuntimeType, TensorType
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+           "int64": torch.int64, "int32": torch.int32, "bool": torch.bool}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unsupported tensor dtype {name!r}") from None
+
+
+def runtime_scalar(value: int, rtype: RuntimeType, name: str) -> torch.Tensor:
+    """A runtime value as the 0-d tensor a program takes, checked against its supported range."""
+    value = int(value)
+    if not rtype.lo <= value <= rtype.hi:
+        raise ValueError(f"runtime value {name}={value} outside the compiled range "
+                         f"[{rtype.lo}, {rtype.hi}]")
+    return torch.tensor(value, dtype=torch_dtype(rtype.dtype))
+
+
+def bind_inputs(component: Node, values: Mapping[str, Any]) -> tuple[torch.Tensor, ...]:
+    """The program's positional arguments from `values` keyed by IR input name."""
+    inputs = component.find(Op.INPUT)
+    missing = [n.name for n in inputs if n.name not in values]
+    extra = sorted(set(values) - {n.name for n in inputs})
+    if missing or extra:
+        raise ValueError(f"program {component.name!r}: missing inputs {missing}, unknown {extra}")
+    args = []
+    for node in inputs:
+        declared = node.results[0].type
+        value = values[node.name]
+        if isinstance(declared, RuntimeType):
+            args.append(runtime_scalar(value, declared, node.name))
+            continue
+        tensor = torch.as_tensor(value)
+        if tuple(tensor.shape) != tuple(declared.shape):
+            raise ValueError(f"program {component.name!r} input {node.name!r}: shape "
+                             f"{tuple(tensor.shape)} != compiled {tuple(declared.shape)}")
+        args.append(tensor.to(torch_dtype(declared.dtype)).contiguous())
+    return tuple(args)
+
+
+def invoke(component: Node, program: Callable, values: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """Run `program` on `values`; returns its outputs by IR output name (cast back to float32)."""
+    outputs = component.find(Op.OUTPUT)
+    with torch.inference_mode():
+        result = program(*bind_inputs(component, values))
+    if isinstance(result, torch.Tensor):
+        result = (result,)
+    if len(result) != len(outputs):
+        raise ValueError(f"program {component.name!r} returned {len(result)} outputs, "
+                         f"the IR declares {len(outputs)}")
+    named = {}
+    for node, tensor in zip(outputs, result):
+        declared: TensorType = node.results[0].type
+        if tuple(tensor.shape) != tuple(declared.shape):
+            raise ValueError(f"program {component.name!r} output {node.name!r}: shape "
+                             f"{tuple(tensor.shape)} != declared {tuple(declared.shape)}")
+        named[node.name] = tensor.float() if tensor.is_floating_point() else tensor
+    return named

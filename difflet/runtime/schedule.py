@@ -1,0 +1,106 @@
+"""The schedule executor: runs the IR's `schedule` node, step by step, over one request's state.
+
+Invariants:
+- `HostEnv` holds only what is the same for every request (module, programs, host assets such as
+  tokenizers); `RequestState` is created fresh for each request and dropped after it, so no
+  sampling state (generator, scheduler, latents) ever crosses requests.
+- Steps run in the IR's order; each step's wall time is added to its phase's timing.
+- Programs are called by component name through `HostEnv.invoke`, which binds by IR signature.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from difflet.errors import DiffletError
+from difflet.ir.nodes import Module, Node, Op
+from difflet.runtime.host import PHASES, get_step, load_family
+
+
+@dataclass(frozen=True)
+class GenerateParams:
+    """One validated request; every field resolved (no "use the default" markers left)."""
+
+    prompt: str
+    seed: int
+    steps: int
+    guidance: float
+    height: int
+    width: int
+    request_id: str = ""
+
+
+@dataclass
+class RequestState:
+    """Everything one request creates: intermediate tensors by name, the image, timings (ms)."""
+
+    params: GenerateParams
+    values: dict[str, Any] = field(default_factory=dict)
+    image: Any = None  # uint8 numpy array [H, W, 3] once the decode step ran
+    timings: dict[str, float] = field(default_factory=lambda: {p: 0.0 for p in PHASES})
+
+
+class HostEnv:
+    """The per-server side of the host schedule: IR module, programs, cached host assets."""
+
+    def __init__(self, module: Module, programs: Mapping[str, Callable], host_dir: Path | str) -> None:
+        self.module = module
+        self.programs = dict(programs)
+        self.host_dir = Path(host_dir)
+        self.profile = module.attrs["profile"]
+        self._assets: dict[str, Any] = {}
+
+    def component(self, name: str) -> Node:
+        return self.module.component(name)
+
+    def invoke(self, component: str, **values: Any) -> dict[str, Any]:
+        from difflet.runtime.invoke import invoke
+
+        return invoke(self.component(component), self.programs[component], values)
+
+    def asset(self, key: str, load: Callable[[], Any]) -> Any:
+        """A host asset loaded once per server (tokenizers); must be read-only afterwards."""
+        if key not in self._assets:
+            self._assets[key] = load()
+        return self._assets[key]
+
+    def runtime_default(self, name: str) -> int:
+        """The IR default of a module-level runtime value (e.g. FLUX's valid_text)."""
+        nodes = self.module.find(Op.RUNTIME, name)
+        if not nodes:
+            raise DiffletError(f"the module declares no runtime value {name!r}", where="module")
+        return int(nodes[0].attrs["default"])
+
+
+def schedule_steps(module: Module) -> tuple[Node, ...]:
+    found = module.find(Op.SCHEDULE)
+    if len(found) != 1:
+        raise DiffletError(f"module {module.name!r} has {len(found)} schedule nodes, needs 1",
+                           where=module.loc)
+    return tuple(n for n in found[0].body if n.op == Op.STEP)
+
+
+def check_schedule(module: Module, programs: Mapping[str, Callable]) -> None:
+    """Every step is a registered host function and every component it calls has a program."""
+    load_family(str(module.attrs.get("family", "")))
+    for step in schedule_steps(module):
+        get_step(step.name)
+        for comp in step.args:
+            if comp not in programs:
+                raise DiffletError(f"step {step.name!r} calls component {comp!r}, which has no "
+                                   f"program (have: {', '.join(sorted(programs))})", where=step.loc)
+
+
+def run_schedule(env: HostEnv, params: GenerateParams) -> RequestState:
+    """Run every schedule step for one request on fresh state; returns that state."""
+    state = RequestState(params)
+    for step in schedule_steps(env.module):
+        host = get_step(step.name)
+        start = time.perf_counter()
+        host.fn(env, step, state)
+        state.timings[host.phase] += (time.perf_counter() - start) * 1000.0
+    if state.image is None:
+        raise DiffletError("the schedule finished without producing an image", where="schedule")
+    return state
