@@ -1,0 +1,114 @@
+"""Shape checks: a component's declared shapes against its config and the serving profile.
+
+Invariants:
+- A check runs only when the facts it needs are present (inline configs, the profile's
+  height/width/max_text); a description that passes every check that applies is consistent.
+- Independently derived from configs, never from the DSL's own shape expressions:
+  pixels per latent token = decoder spatial scale (2 ** (len(block_out_channels) - 1)) times the
+  latent pack factor sqrt(denoiser in_channels / decoder latent_channels).
+- Every failure names the offending input/output declaration.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+from difflet.frontend import ast
+from difflet.frontend.shapes import Source
+from difflet.ir.nodes import Attrs
+
+TEXT_DIM_KEYS = ("joint_attention_dim", "text_embed_dim", "text_dim", "caption_channels")
+
+
+def _tensor_inputs(comp: ast.ComponentDecl, shapes: Mapping[str, tuple[int, ...]]):
+    return [(i, shapes[i.name]) for i in comp.inputs if i.tensor is not None]
+
+
+def pixels_per_token(denoiser_cfg: Attrs, decoder_cfg: Attrs) -> int | None:
+    """Pixel edge covered by one latent token, or None when the configs do not say."""
+    blocks = decoder_cfg.get("block_out_channels")
+    latent = decoder_cfg.get("latent_channels")
+    in_ch = denoiser_cfg.get("in_channels")
+    if not blocks or not latent or not in_ch or in_ch % latent:
+        return None
+    pack = math.isqrt(in_ch // latent)
+    if pack * pack != in_ch // latent:
+        return None
+    return 2 ** (len(blocks) - 1) * pack
+
+
+def check_denoiser(src: Source, comp: ast.ComponentDecl, config: Attrs | None,
+                   shapes: Mapping[str, tuple[int, ...]], decoder_cfg: Attrs | None,
+                   profile: Mapping[str, Any]) -> None:
+    """Latent tokens vs profile, channels vs in_channels, text length/dim, output channels."""
+    inputs = _tensor_inputs(comp, shapes)
+    if not inputs:
+        return
+    latent, latent_shape = inputs[0]
+    cfg = config or Attrs()
+    in_ch = cfg.get("in_channels")
+    if in_ch is not None and latent_shape[-1] != in_ch:
+        raise src.error(f"denoiser latent input {latent.name!r} has {latent_shape[-1]} channels but "
+                        f"the config's in_channels is {in_ch}", latent.span)
+    ps = pixels_per_token(cfg, decoder_cfg) if decoder_cfg is not None else None
+    if (ps is not None and len(latent_shape) == 3 and "frames" not in profile
+            and isinstance(profile.get("height"), int) and isinstance(profile.get("width"), int)):
+        h, w = profile["height"], profile["width"]
+        if h % ps or w % ps:
+            raise src.error(f"profile {h}x{w} is not a multiple of {ps} pixels per latent token",
+                            latent.span)
+        want = (h // ps) * (w // ps)
+        if latent_shape[1] != want:
+            raise src.error(f"denoiser latent input {latent.name!r} has {latent_shape[1]} tokens but "
+                            f"the profile implies (height/{ps})*(width/{ps}) = {want}", latent.span)
+    for decl, shape in inputs:
+        if decl.name == "encoder_hidden_states":
+            _check_text(src, decl, shape, cfg, profile)
+        if decl.name == "pooled_projections" and cfg.get("pooled_projection_dim") is not None:
+            if shape[-1] != cfg["pooled_projection_dim"]:
+                raise src.error(f"pooled input has dim {shape[-1]} but the config's "
+                                f"pooled_projection_dim is {cfg['pooled_projection_dim']}", decl.span)
+    if comp.outputs and in_ch is not None:
+        out = comp.outputs[0]
+        patch = cfg.get("patch_size", 1)
+        patch = patch if isinstance(patch, int) else 1
+        want = patch * patch * (cfg.get("out_channels") or in_ch)
+        if shapes[out.name][-1] != want:
+            raise src.error(f"denoiser output {out.name!r} has {shapes[out.name][-1]} channels but the "
+                            f"config implies patch_size**2 * out_channels = {want}", out.span)
+
+
+def _check_text(src: Source, decl: ast.InputDecl, shape: tuple[int, ...], cfg: Attrs,
+                profile: Mapping[str, Any]) -> None:
+    max_text = profile.get("max_text")
+    if isinstance(max_text, int) and len(shape) >= 2 and shape[-2] != max_text:
+        raise src.error(f"text input {decl.name!r} has {shape[-2]} tokens but max_text is {max_text}",
+                        decl.span)
+    for key in TEXT_DIM_KEYS:
+        if cfg.get(key) is not None:
+            if shape[-1] != cfg[key]:
+                raise src.error(f"text input {decl.name!r} has dim {shape[-1]} but the config's "
+                                f"{key} is {cfg[key]}", decl.span)
+            break
+
+
+def check_decoder(src: Source, comp: ast.ComponentDecl, config: Attrs | None,
+                  shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """The latent input's channel dim (dim 1) must equal the config's latent_channels."""
+    inputs = _tensor_inputs(comp, shapes)
+    latent = (config or Attrs()).get("latent_channels")
+    if inputs and latent is not None and len(inputs[0][1]) >= 2 and inputs[0][1][1] != latent:
+        decl, shape = inputs[0]
+        raise src.error(f"decoder input {decl.name!r} has {shape[1]} channels but the config's "
+                        f"latent_channels is {latent}", decl.span)
+
+
+def check_attention(src: Source, site: ast.AttentionDecl, heads: int, head_dim: int,
+                    config: Attrs | None) -> None:
+    """Declared heads/head_dim must match num_attention_heads/attention_head_dim when given."""
+    cfg = config or Attrs()
+    for key, got in (("num_attention_heads", heads), ("attention_head_dim", head_dim)):
+        want = cfg.get(key)
+        if isinstance(want, int) and got != want:
+            raise src.error(f"attention site {site.pattern!r} declares {got} but the config's {key} "
+                            f"is {want}", site.span)

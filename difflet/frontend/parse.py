@@ -1,0 +1,247 @@
+"""DSL text -> `ModelDecl` AST (grammars/difflet.lark, LALR, positions propagated).
+
+Invariants:
+- A syntax error becomes a `DiffletError` at `file:line:col` with the offending source line as
+  its snippet; nothing else escapes from `parse_text`.
+- The AST is purely syntactic: names are not resolved and expressions are not evaluated here.
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import lark
+from lark import Token, Transformer, v_args
+
+from difflet.errors import DiffletError
+from difflet.frontend import ast
+from difflet.ir.nodes import Loc
+
+GRAMMAR = Path(__file__).resolve().parents[2] / "grammars" / "difflet.lark"
+
+
+@functools.lru_cache(maxsize=1)
+def _parser() -> lark.Lark:
+    return lark.Lark(GRAMMAR.read_text(), parser="lalr", lexer="contextual",
+                     propagate_positions=True, maybe_placeholders=True)
+
+
+def _span(meta) -> ast.Span:
+    return ast.Span(meta.line, meta.column, meta.start_pos, meta.end_pos)
+
+
+def _tok_span(tok: Token) -> ast.Span:
+    return ast.Span(tok.line, tok.column, tok.start_pos, tok.end_pos)
+
+
+def _string(tok: Token) -> str:
+    import json
+
+    return json.loads(tok)  # ESCAPED_STRING is a JSON-compatible string literal
+
+
+def _number(tok: Token) -> int | float:
+    text = str(tok)
+    return float(text) if any(c in text for c in ".eE") else int(text)
+
+
+@v_args(meta=True)
+class _ToAst(Transformer):
+    """Builds AST nodes bottom-up; rule names match grammars/difflet.lark."""
+
+    # ---- expressions and values
+    def number(self, meta, c):
+        return ast.Num(_number(c[0]), _tok_span(c[0]))
+
+    def ref(self, meta, c):
+        return ast.Ref(str(c[0]), _tok_span(c[0]))
+
+    def word(self, meta, c):
+        return ast.Word(str(c[0]), _tok_span(c[0]))
+
+    def neg(self, meta, c):
+        return ast.Neg(c[0], _span(meta))
+
+    def add(self, meta, c):
+        return ast.BinOp("+", c[0], c[1], _span(meta))
+
+    def sub(self, meta, c):
+        return ast.BinOp("-", c[0], c[1], _span(meta))
+
+    def mul(self, meta, c):
+        return ast.BinOp("*", c[0], c[1], _span(meta))
+
+    def div(self, meta, c):
+        return ast.BinOp("/", c[0], c[1], _span(meta))
+
+    def floordiv(self, meta, c):
+        return ast.BinOp("//", c[0], c[1], _span(meta))
+
+    def pow(self, meta, c):
+        return ast.BinOp("**", c[0], c[1], _span(meta))
+
+    def string(self, meta, c):
+        return ast.Lit(_string(c[0]), _tok_span(c[0]))
+
+    def boolean(self, meta, c):
+        return ast.Lit(str(c[0]) == "true", _tok_span(c[0]))
+
+    def null(self, meta, c):
+        return ast.Lit(None, _span(meta))
+
+    def list(self, meta, c):
+        return ast.ListV(tuple(v for v in c if v is not None), _span(meta))
+
+    def entry_kv(self, meta, c):
+        return ast.MapEntry(str(c[0]), c[1], _span(meta))
+
+    def map(self, meta, c):
+        return ast.MapV(tuple(e for e in c if e is not None), _span(meta))
+
+    def qualname(self, meta, c):
+        return (".".join(str(t) for t in c), _span(meta))
+
+    def class_object(self, meta, c):
+        return ast.ClassObject(c[0][0], c[0][1], c[1], _span(meta))
+
+    # ---- declarations
+    def model_head(self, meta, c):
+        return ("head", str(c[0]), str(c[1]), _span(meta))
+
+    def param(self, meta, c):
+        return ast.Param(str(c[0]), c[1], _span(meta))
+
+    def profile(self, meta, c):
+        return ("profile", tuple(c))
+
+    def runtime(self, meta, c):
+        name, dtype, lo, hi, default, doc = c
+        return ast.RuntimeDecl(str(name), str(dtype), lo, hi, default,
+                               _string(doc) if doc is not None else "", _span(meta))
+
+    def config_inline(self, meta, c):
+        return ("config", c[0])
+
+    def config_checkpoint(self, meta, c):
+        return ("config", None)
+
+    def setting(self, meta, c):
+        return ast.Setting(str(c[0]), str(c[1]), _span(meta))
+
+    def tokenizer(self, meta, c):
+        return ast.TokenizerDecl(c[0][0], _string(c[1]), c[2], _span(meta))
+
+    def tensor_type(self, meta, c):
+        return ast.TensorSpec(str(c[0]), tuple(d for d in c[1:] if d is not None), _span(meta))
+
+    def input_tensor(self, meta, c):
+        return ast.InputDecl(str(c[0]), c[1], None, _span(meta))
+
+    def input_runtime(self, meta, c):
+        return ast.InputDecl(str(c[0]), None, str(c[1]), _span(meta))
+
+    def output(self, meta, c):
+        sel = c[2]
+        select = _string(sel) if sel.type == "STRING" else int(sel)
+        return ast.OutputDecl(str(c[0]), c[1], select, _span(meta))
+
+    def attn_heads(self, meta, c):
+        return ("heads", c[0], _span(meta))
+
+    def attn_head_dim(self, meta, c):
+        return ("head_dim", c[0], _span(meta))
+
+    def attn_order(self, meta, c):
+        return ("order", tuple(str(t) for t in c), _span(meta))
+
+    def attn_text_mask(self, meta, c):
+        return ("text_mask", str(c[0]) == "true", _span(meta))
+
+    def attn_valid(self, meta, c):
+        return ("valid", str(c[0]), _span(meta))
+
+    def attention(self, meta, c):
+        return ast.AttentionDecl(_string(c[0]), str(c[1]), tuple(c[2:]), _span(meta))
+
+    def component(self, meta, c):
+        role, name, (qualname, qspan), subfolder, *items = c
+        config = [i[1] for i in items if isinstance(i, tuple) and i[0] == "config"]
+        pick = lambda cls: tuple(i for i in items if isinstance(i, cls))  # noqa: E731
+        toks = pick(ast.TokenizerDecl)
+        return ast.ComponentDecl(
+            role=str(role), name=str(name), qualname=qualname, qualname_span=qspan,
+            subfolder=_string(subfolder), config=config[0] if config else None,
+            settings=pick(ast.Setting), tokenizer=toks[0] if toks else None,
+            inputs=pick(ast.InputDecl), outputs=pick(ast.OutputDecl),
+            attentions=pick(ast.AttentionDecl), span=_span(meta))
+
+    def step(self, meta, c):
+        (name, _), *rest = c
+        params = rest[-1] if rest and isinstance(rest[-1], ast.MapV) else None
+        comps = tuple((str(t), _tok_span(t)) for t in rest if isinstance(t, Token))
+        return ast.StepDecl(name, comps, params, _span(meta))
+
+    def schedule(self, meta, c):
+        return ("schedule", tuple(c), _span(meta))
+
+
+def _line_of(text: str, line: int) -> str:
+    lines = text.splitlines()
+    return lines[line - 1].strip() if 0 < line <= len(lines) else ""
+
+
+def parse_text(text: str, file: str = "<string>") -> ast.ModelDecl:
+    """Parse DSL source; raise DiffletError(file:line:col) on a syntax error."""
+    try:
+        tree = _parser().parse(text)
+    except lark.exceptions.UnexpectedInput as err:
+        raise DiffletError(_syntax_message(err), where=Loc(file, err.line, err.column),
+                           snippet=_line_of(text, err.line)) from None
+    head, *items = tree.children
+    head = _ToAst().transform(head)
+    items = [_ToAst().transform(i) for i in items]
+    profile_items = [i[1] for i in items if isinstance(i, tuple) and i[0] == "profile"]
+    params = tuple(p for group in profile_items for p in group)
+    schedules = [i for i in items if isinstance(i, tuple) and i[0] == "schedule"]
+    steps = tuple(s for sch in schedules for s in sch[1])
+    if len(schedules) > 1:
+        sp = schedules[1][2]
+        raise DiffletError("a model has one schedule; found a second", where=Loc(file, sp.line, sp.col),
+                           snippet=_line_of(text, sp.line))
+    return ast.ModelDecl(
+        name=head[1], family=head[2], params=params,
+        runtimes=tuple(i for i in items if isinstance(i, ast.RuntimeDecl)),
+        components=tuple(i for i in items if isinstance(i, ast.ComponentDecl)),
+        steps=steps, schedule_span=schedules[0][2] if schedules else None, span=head[3])
+
+
+def _syntax_message(err: lark.exceptions.UnexpectedInput) -> str:
+    if isinstance(err, lark.exceptions.UnexpectedCharacters):
+        return f"syntax error: unexpected character {err.char!r}"
+    if isinstance(err, lark.exceptions.UnexpectedEOF):
+        return "syntax error: unexpected end of file"
+    tok = err.token
+    expected = sorted(_pretty(t) for t in getattr(err, "expected", ()) or ())
+    shown = "end of file" if tok.type == "$END" else repr(str(tok))
+    hint = f"; expected {', '.join(expected[:8])}" if expected else ""
+    return f"syntax error: unexpected {shown}{hint}"
+
+
+def _pretty(terminal: str) -> str:
+    try:
+        pattern = _parser().get_terminal(terminal).pattern
+    except KeyError:
+        return terminal
+    if pattern.type == "str":
+        return repr(pattern.value)
+    return terminal.lower() if terminal in ("NAME", "STRING", "NUMBER", "BOOL") else terminal
+
+
+def parse_file(path: str | Path) -> ast.ModelDecl:
+    """Read and parse a DSL file; the path is kept as given for locations."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as err:
+        raise DiffletError(f"cannot read model description: {err.strerror}", where=str(path)) from None
+    return parse_text(text, str(path))

@@ -1,0 +1,128 @@
+"""Evaluating DSL expressions and values for one profile, and the shape checks lowering runs.
+
+Invariants:
+- Integer `/` must divide exactly (a shape that silently truncates is a bug); `//` floors.
+- A name in an expression must be a profile parameter; anything else is an undefined name.
+- Every error points at the offending expression (`file:line:col` + its source text).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from difflet.errors import DiffletError
+from difflet.frontend import ast
+from difflet.ir.nodes import Attrs, Loc
+from difflet.ir.verify import DTYPES
+
+
+class Source:
+    """A DSL file's path and text: turns spans into Locs and snippets."""
+
+    def __init__(self, path: str, text: str) -> None:
+        self.path = path
+        self.text = text
+
+    def loc(self, span: ast.Span) -> Loc:
+        return Loc(self.path, span.line, span.col)
+
+    def snippet(self, span: ast.Span) -> str:
+        piece = self.text[span.start:span.end]
+        return " ".join(piece.split())  # one line, whitespace collapsed
+
+    def error(self, message: str, span: ast.Span) -> DiffletError:
+        return DiffletError(message, where=self.loc(span), snippet=self.snippet(span))
+
+
+class Evaluator:
+    """Evaluates expressions and values against a profile (`name -> int | float | str`)."""
+
+    def __init__(self, src: Source, profile: Mapping[str, Any]) -> None:
+        self.src = src
+        self.profile = profile
+
+    def expr(self, e: ast.Expr) -> int | float:
+        if isinstance(e, ast.Num):
+            return e.value
+        if isinstance(e, ast.Ref):
+            if e.name not in self.profile:
+                known = ", ".join(self.profile) or "none"
+                raise self.src.error(f"undefined name {e.name!r} (profile parameters: {known})", e.span)
+            value = self.profile[e.name]
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise self.src.error(f"profile parameter {e.name!r} is {value!r}, not a number", e.span)
+            return value
+        if isinstance(e, ast.Neg):
+            return -self.expr(e.operand)
+        if isinstance(e, ast.BinOp):
+            return self._binop(e)
+        raise self.src.error("expected a number expression", e.span)
+
+    def int_expr(self, e: ast.Expr, what: str = "value") -> int:
+        v = self.expr(e)
+        if not isinstance(v, int):
+            raise self.src.error(f"{what} must be an integer, got {v!r}", e.span)
+        return v
+
+    def _binop(self, e: ast.BinOp) -> int | float:
+        a, b = self.expr(e.lhs), self.expr(e.rhs)
+        if e.op == "+":
+            return a + b
+        if e.op == "-":
+            return a - b
+        if e.op == "*":
+            return a * b
+        if e.op == "**":
+            return a ** b
+        if b == 0:
+            raise self.src.error("division by zero", e.span)
+        if e.op == "//":
+            return a // b
+        if isinstance(a, int) and isinstance(b, int):
+            if a % b:
+                raise self.src.error(f"{a} / {b} does not divide exactly (use // to floor)", e.span)
+            return a // b
+        return a / b
+
+    def value(self, v: ast.Value) -> Any:
+        """A config/step-parameter value as an IR attribute value."""
+        if isinstance(v, ast.Lit):
+            return v.value
+        if isinstance(v, ast.Word):
+            return v.name
+        if isinstance(v, ast.ListV):
+            return tuple(self.value(i) for i in v.items)
+        if isinstance(v, ast.MapV):
+            return self.map(v)
+        if isinstance(v, ast.ClassObject):
+            return Attrs([("class", v.qualname), ("config", self.map(v.config))])
+        return self.expr(v)
+
+    def map(self, m: ast.MapV) -> Attrs:
+        seen: set[str] = set()
+        items = []
+        for entry in m.entries:
+            if entry.key in seen:
+                raise self.src.error(f"duplicate key {entry.key!r}", entry.span)
+            seen.add(entry.key)
+            items.append((entry.key, self.value(entry.value)))
+        return Attrs(items)
+
+    def shape(self, spec: ast.TensorSpec) -> tuple[int, ...]:
+        dims = tuple(self.int_expr(d, "a shape dimension") for d in spec.dims)
+        for d, e in zip(dims, spec.dims):
+            if d <= 0:
+                raise self.src.error(f"shape dimension evaluates to {d}; it must be positive", e.span)
+        return dims
+
+
+
+
+def resolve_dtype(src: Source, name: str, profile: Mapping[str, Any], span: ast.Span) -> str:
+    """A dtype written directly (`float32`) or through a profile parameter (`dtype`)."""
+    value = profile.get(name, name)
+    if value not in DTYPES:
+        if name in profile:
+            raise src.error(f"profile parameter {name!r} = {value!r} is not a dtype ({', '.join(DTYPES)})", span)
+        raise src.error(f"undefined name {name!r}: neither a dtype ({', '.join(DTYPES)}) "
+                        "nor a profile parameter", span)
+    return value
