@@ -184,3 +184,12 @@ def test_show_verify_flag(tmp_path) -> None:
     result = runner.invoke(main, ["show", "--verify", str(tmp_path / "edge.ir")])
     assert result.exit_code == 2
     assert "verify [undefined-arg]" in result.stderr
+
+
+def test_ir_modules_do_not_import_torch() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, difflet.ir.text, difflet.ir.binary, difflet.ir.verify, "
+            "difflet.ir.commands; sys.exit('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -37,7 +37,7 @@ def _parser() -> lark.Lark:
                      propagate_positions=True, maybe_placeholders=False)
 
 
-def _unquote(tok: Token, filename: str) -> str:
+def _unquote(tok: Token) -> str:
     try:
         return json.loads(tok)
     except ValueError as err:
@@ -52,24 +52,20 @@ class _ParseFailure(Exception):
         self.message, self.line, self.col = message, line, col
 
 
-def _tensor_type(tok: Token, filename: str) -> TensorType:
+def _tensor_type(tok: Token) -> TensorType:
     inner = tok[len("tensor<"):-1]
     dims: list[int] = []
     # dims are `<int>x` prefixes; the rest is the dtype (an identifier or a quoted string)
     while inner[:1] == "-" or inner[:1].isdigit():
         num, _, inner = inner.partition("x")
         dims.append(int(num))
-    dtype = _unquote(Token("STRING", inner, line=tok.line, column=tok.column), filename) \
+    dtype = _unquote(Token("STRING", inner, line=tok.line, column=tok.column)) \
         if inner.startswith('"') else inner
     return TensorType(dtype, tuple(dims))
 
 
 @v_args(inline=True)
 class _ToIR(Transformer):
-    def __init__(self, filename: str) -> None:
-        super().__init__()
-        self.filename = filename
-
     def start(self, module: Module) -> Module:
         return module
 
@@ -78,7 +74,7 @@ class _ToIR(Transformer):
         return str(tok)
 
     def string(self, tok: Token) -> str:
-        return _unquote(tok, self.filename)
+        return _unquote(tok)
 
     def int(self, tok: Token) -> int:
         return int(tok)
@@ -111,7 +107,7 @@ class _ToIR(Transformer):
 
     # -- types, values, locations
     def tensor_type(self, tok: Token) -> TensorType:
-        return _tensor_type(tok, self.filename)
+        return _tensor_type(tok)
 
     def runtime_type(self, dtype: str, lo: Token, hi: Token) -> RuntimeType:
         return RuntimeType(dtype, int(lo), int(hi))
@@ -138,7 +134,7 @@ class _ToIR(Transformer):
         return Loc.unknown()
 
     def loc_known(self, file: Token, line: Token, col: Token) -> Loc:
-        return Loc(_unquote(file, self.filename), int(line), int(col))
+        return Loc(_unquote(file), int(line), int(col))
 
     # -- nodes
     @v_args(meta=True)
@@ -185,7 +181,7 @@ def parse_module(text: str, filename: str = "<text>") -> Module:
     """Parse the text form of a Module. Raises DiffletError at the offending line:col."""
     try:
         tree = _parser().parse(text)
-        return _ToIR(filename).transform(tree)
+        return _ToIR().transform(tree)
     except lark.exceptions.UnexpectedToken as err:
         line, col = err.line, err.column
         if err.token.type == "$END":
