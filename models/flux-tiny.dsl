@@ -55,7 +55,7 @@ denoiser transformer = diffusers.FluxTransformer2DModel from "transformer" {
     input timestep:              dtype[1]
     input img_ids:               dtype[(height / 4) * (width / 4), 3]
     input txt_ids:               dtype[max_text, 3]
-    input guidance:              dtype[1]
+    input guidance:              float32[1]   # the pipeline builds it in fp32
     input valid_text: runtime valid_text
     output sample: dtype[1, (height / 4) * (width / 4), 16] select 0
 
