@@ -1,0 +1,65 @@
+"""A small gRPC client for `difflet.v1.Difflet`: generate, get the profile, wait for SERVING.
+
+Invariants:
+- Unset optional fields (steps, guidance) are left unset so the server applies its profile's
+  defaults; height/width 0 mean the same.
+- `wait_serving` waits on the server's own health stream (no polling sleeps).
+"""
+from __future__ import annotations
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from difflet.runtime import difflet_pb2 as pb
+from difflet.runtime import difflet_pb2_grpc as pb_grpc
+from difflet.runtime.service import SERVICE_NAME
+
+MAX_MESSAGE = 256 * 1024 * 1024  # replies carry PNG bytes; real profiles exceed gRPC's 4 MiB default
+
+
+def channel(server: str) -> grpc.Channel:
+    return grpc.insecure_channel(server, options=[("grpc.max_receive_message_length", MAX_MESSAGE)])
+
+
+def generate(server: str, prompt: str, seed: int = 0, *, steps: int | None = None,
+             guidance: float | None = None, height: int = 0, width: int = 0,
+             request_id: str = "", timeout: float | None = None) -> pb.GenerateReply:
+    """One Generate call; raises grpc.RpcError on failure (code() / details() say why)."""
+    request = pb.GenerateRequest(prompt=prompt, seed=seed, height=height, width=width,
+                                 request_id=request_id)
+    if steps is not None:
+        request.steps = steps
+    if guidance is not None:
+        request.guidance = guidance
+    with channel(server) as ch:
+        return pb_grpc.DiffletStub(ch).Generate(request, timeout=timeout)
+
+
+def get_profile(server: str, timeout: float | None = None) -> pb.Profile:
+    with channel(server) as ch:
+        return pb_grpc.DiffletStub(ch).GetProfile(pb.GetProfileRequest(), timeout=timeout)
+
+
+def health_status(server: str, timeout: float = 5.0) -> str:
+    """The current health status name of the Difflet service (SERVING, NOT_SERVING, ...)."""
+    with channel(server) as ch:
+        reply = health_pb2_grpc.HealthStub(ch).Check(
+            health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=timeout)
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+def wait_serving(server: str, timeout: float) -> None:
+    """Block until the Difflet service reports SERVING.
+
+    Raises grpc.FutureTimeoutError / grpc.RpcError (DEADLINE_EXCEEDED) when `timeout` passes,
+    RuntimeError when the server ends the stream (shut down) before SERVING.
+    """
+    with channel(server) as ch:
+        grpc.channel_ready_future(ch).result(timeout=timeout)
+        stream = health_pb2_grpc.HealthStub(ch).Watch(
+            health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=timeout)
+        for reply in stream:
+            if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                stream.cancel()
+                return
+    raise RuntimeError(f"{server} closed its health stream before reporting SERVING")

@@ -1,0 +1,58 @@
+"""CLI commands of the runtime area: `difflet generate` (a gRPC client) and `difflet demo`.
+
+Invariants: torch and grpc are imported inside command bodies; a gRPC failure is one stderr
+line, exit 2 for INVALID_ARGUMENT (the user's request was wrong), exit 1 for anything else.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.argument("prompt")
+@click.option("--server", required=True, help="HOST:PORT of a difflet-runtime")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="PNG to write")
+@click.option("--steps", type=int, default=None, help="denoising steps (default: the profile's)")
+@click.option("--guidance", type=float, default=None, help="guidance scale (default: the profile's)")
+@click.option("--height", type=int, default=0, help="must equal the serving profile (0 = it)")
+@click.option("--width", type=int, default=0, help="must equal the serving profile (0 = it)")
+@click.option("--timeout", type=float, default=600.0, show_default=True, help="seconds")
+def generate(prompt: str, server: str, seed: int, output: str, steps, guidance, height: int,
+             width: int, timeout: float) -> None:
+    """Generate one image on a running difflet-runtime and write it as PNG."""
+    import grpc
+
+    from difflet.runtime import client
+
+    try:
+        reply = client.generate(server, prompt, seed, steps=steps, guidance=guidance,
+                                height=height, width=width, timeout=timeout)
+    except grpc.RpcError as err:
+        code = err.code()
+        click.echo(f"error: {server}: {code.name}: {err.details()}", err=True)
+        sys.exit(2 if code == grpc.StatusCode.INVALID_ARGUMENT else 1)
+    Path(output).write_bytes(reply.png)
+    t = reply.timings
+    click.echo(f"wrote {output} ({reply.width}x{reply.height}, seed {reply.seed}, {reply.steps} "
+               f"steps; encode {t.encode_ms:.0f} ms, denoise {t.denoise_ms:.0f} ms, "
+               f"decode {t.decode_ms:.0f} ms)")
+
+
+@click.command()
+@click.option("-o", "--output", default="demo.png", show_default=True, type=click.Path(dir_okay=False))
+@click.option("--prompt", default="a red fox in the snow", show_default=True)
+@click.option("--seed", default=42, show_default=True, type=int)
+@click.option("--store", default=None, type=click.Path(file_okay=False),
+              help="program store (default: $DIFFLET_STORE or the user cache)")
+def demo(output: str, prompt: str, seed: int, store: str | None) -> None:
+    """Lower, optimize, compile and serve the bundled flux-tiny model; generate one image."""
+    from difflet.runtime.demo import run_demo
+
+    run_demo(Path(output), prompt, Path(store) if store else None, seed=seed, log=click.echo)
+
+
+COMMANDS = [generate, demo]

@@ -1,0 +1,129 @@
+"""`difflet demo`: the whole toolchain on the bundled flux-tiny model, CPU, one command.
+
+Stages (each timed): lower -> opt (tp1, cpu, inductor) -> codegen (random:0 weights, programs
+from the content-addressed store) -> start `difflet-runtime --port 0` and wait until it prints
+"listening on HOST:PORT" (it does so only once SERVING) -> one Generate over gRPC -> write the
+PNG -> SIGTERM the server and wait for its exit.
+
+Invariant: a second run with the same store compiles nothing (codegen reports compiled 0).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from difflet.errors import DiffletError
+
+REPO = Path(__file__).resolve().parent.parent.parent
+DEMO_DSL = REPO / "models" / "flux-tiny.dsl"
+SERVER_START_TIMEOUT_S = 600.0
+
+
+@dataclass
+class DemoReport:
+    stages: list[tuple[str, float, str]] = field(default_factory=list)  # name, seconds, note
+
+    def table(self) -> str:
+        rows = ["| stage | time | note |", "|---|---:|---|"]
+        rows += [f"| {name} | {secs:.2f} s | {note} |" for name, secs, note in self.stages]
+        return "\n".join(rows)
+
+
+class _Timer:
+    def __init__(self, report: DemoReport, name: str) -> None:
+        self.report, self.name, self.note = report, name, ""
+
+    def __enter__(self) -> "_Timer":
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is None:
+            self.report.stages.append((self.name, time.perf_counter() - self.start, self.note))
+
+
+def _codegen_counts(result) -> str:
+    """codegen's return value -> "compiled N, reused M" (a dict or an object with those fields)."""
+    get = result.get if isinstance(result, dict) else (lambda k, d=None: getattr(result, k, d))
+    return f"compiled {get('compiled', '?')}, reused {get('reused', '?')}"
+
+
+def start_server(art: Path, timeout: float = SERVER_START_TIMEOUT_S) -> tuple[subprocess.Popen, str]:
+    """Start `difflet-runtime --port 0` on ART; returns (process, "host:port") once it is SERVING."""
+    cmd = [sys.executable, "-m", "difflet.runtime.server", "--artifacts", str(art), "--port", "0"]
+    # stderr goes to a file: an unread pipe would fill up and block the server
+    errlog = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errlog, text=True)
+    deadline = time.monotonic() + timeout
+    for line in proc.stdout:  # the server prints exactly this line once SERVING
+        if line.startswith("listening on "):
+            return proc, line.split("listening on ", 1)[1].strip()
+        if time.monotonic() > deadline:
+            break
+    stop_server(proc)
+    errlog.seek(0)
+    err = [ln for ln in errlog.read().strip().splitlines() if ln.startswith("error:")] or ["no error line"]
+    raise DiffletError(f"difflet-runtime exited (code {proc.returncode}) before serving: "
+                       f"{err[-1]}", where=str(art))
+
+
+def stop_server(proc: subprocess.Popen, timeout: float = 30.0) -> int:
+    """SIGTERM and wait for the exit; SIGKILL only if it does not stop within `timeout`."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+def run_demo(output: Path, prompt: str, store: Path | None, seed: int = 42,
+             log: Callable[[str], None] = print) -> DemoReport:
+    from difflet.codegen.checkpoint import resolve_weights
+    from difflet.codegen.commands import codegen
+    from difflet.codegen.store import default_store_dir
+    from difflet.frontend.lower import lower_file
+    from difflet.passes.pipeline import optimize
+    from difflet.runtime import client
+
+    if not DEMO_DSL.is_file():
+        raise DiffletError("the bundled model description is missing", where=str(DEMO_DSL))
+    store = Path(store) if store is not None else default_store_dir()
+    report = DemoReport()
+    with _Timer(report, "lower"):
+        module = lower_file(str(DEMO_DSL))
+    with _Timer(report, "opt"):
+        module = optimize(module, parallel="tp1", target="cpu", backend="inductor")
+    art = store / "demo-art" / module.name
+    with _Timer(report, "codegen") as t:
+        weights = resolve_weights(module, "random:0", store)
+        if art.exists():  # the ART dir is a view of the store; rebuilt from it each run
+            shutil.rmtree(art)
+        t.note = _codegen_counts(codegen(module, str(weights), art, backend="inductor",
+                                         store=store, log=lambda *a: None))
+    with _Timer(report, "load+warm-up") as t:
+        proc, address = start_server(art)
+        t.note = f"difflet-runtime on {address}"
+    try:
+        with _Timer(report, "request") as t:
+            reply = client.generate(address, prompt, seed, timeout=600)
+            tm = reply.timings
+            t.note = (f"encode {tm.encode_ms:.0f} ms, denoise {tm.denoise_ms:.0f} ms, "
+                      f"decode {tm.decode_ms:.0f} ms")
+    finally:
+        stop_server(proc)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_bytes(reply.png)
+    log(report.table())
+    log(f"wrote {output} ({reply.width}x{reply.height}, seed {reply.seed}, {reply.steps} steps)")
+    return report
