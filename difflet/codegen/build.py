@@ -1,0 +1,102 @@
+"""Build the torch module a component's program runs: the IR's inputs in, the IR's outputs out.
+
+Invariants:
+- `forward(*inputs)` takes the component's IR inputs positionally, in IR order; a runtime input
+  is a 0-d int64 tensor. It returns a tuple with one tensor per IR output, in IR order.
+- Tensor inputs are passed to the class's `entry` method by keyword (the input's name); runtime
+  inputs of a denoiser go through `joint_attention_kwargs` to Difflet's attention processors.
+- Each output is `result[select]` (an int index or a field name of the class's return value).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from difflet.codegen.attention import install_attention
+from difflet.codegen.checkpoint import load_component
+from difflet.errors import DiffletError
+from difflet.ir.nodes import Node, Op, RuntimeType, Value
+
+
+def program_inputs(node: Node) -> list[Value]:
+    return [n.results[0] for n in node.find(Op.INPUT)]
+
+
+def program_outputs(node: Node) -> list[Value]:
+    return [n.results[0] for n in node.find(Op.OUTPUT)]
+
+
+class ProgramModule(torch.nn.Module):
+    """The component model wrapped to the program calling convention (see module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, node: Node) -> None:
+        super().__init__()
+        self.model = model
+        self.entry = node.attrs.get("entry", "forward")
+        if not callable(getattr(model, self.entry, None)):
+            raise DiffletError(f"{node.attrs['class']} has no method {self.entry!r}", where=node.loc)
+        self.input_names = [v.name for v in program_inputs(node)]
+        self.runtime = [isinstance(v.type, RuntimeType) for v in program_inputs(node)]
+        self.selects = [n.attrs.get("select", 0) for n in node.find(Op.OUTPUT)]
+        self.joint_kwargs = bool(node.find(Op.ATTENTION))
+
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        kwargs, runtime = {}, {}
+        for name, is_runtime, value in zip(self.input_names, self.runtime, inputs, strict=True):
+            (runtime if is_runtime else kwargs)[name] = value
+        if runtime:
+            kwargs["joint_attention_kwargs"] = runtime
+        result = getattr(self.model, self.entry)(**kwargs)
+        return tuple(_select(result, sel) for sel in self.selects)
+
+
+def _select(result, sel):
+    if isinstance(sel, int):
+        return result[sel] if isinstance(result, (tuple, list)) else result.to_tuple()[sel]
+    return getattr(result, sel) if hasattr(result, sel) else result[sel]
+
+
+def build_program_module(node: Node, ckpt_dir: str | os.PathLike) -> ProgramModule:
+    """Load the component from the checkpoint, install Difflet attention (denoisers), wrap it."""
+    model = load_component(node, ckpt_dir)
+    runtime_inputs = [v.name for v in program_inputs(node) if isinstance(v.type, RuntimeType)]
+    if runtime_inputs and not node.find(Op.ATTENTION):
+        raise DiffletError(f"component {node.name!r} takes runtime inputs {runtime_inputs} but has no "
+                           "attention sites to route them to", where=node.loc)
+    install_attention(model, node)
+    return ProgramModule(model, node).eval()
+
+
+def example_inputs(node: Node) -> tuple[torch.Tensor, ...]:
+    """Deterministic example tensors of the IR input types (runtime values at their upper bound)."""
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for v in program_inputs(node):
+        t = v.type
+        if isinstance(t, RuntimeType):
+            out.append(torch.tensor(t.hi, dtype=getattr(torch, t.dtype)))
+        elif t.dtype.startswith("int") or t.dtype.startswith("uint"):
+            out.append(torch.randint(0, 8, t.shape, generator=gen, dtype=getattr(torch, t.dtype)))
+        else:
+            out.append(torch.randn(t.shape, generator=gen).to(getattr(torch, t.dtype)))
+    return tuple(out)
+
+
+def check_inputs(node: Node, inputs: tuple[torch.Tensor, ...]) -> None:
+    """Raise DiffletError when `inputs` do not match the component's IR input types."""
+    values = program_inputs(node)
+    if len(inputs) != len(values):
+        raise DiffletError(f"{node.name} takes {len(values)} inputs ({', '.join(v.name for v in values)}), "
+                           f"got {len(inputs)}", where=node.name)
+    for v, x in zip(values, inputs):
+        if not isinstance(x, torch.Tensor):
+            raise DiffletError(f"input {v.name} must be a tensor, got {type(x).__name__}", where=v.name)
+        t = v.type
+        if isinstance(t, RuntimeType):
+            if x.dim() != 0 or x.dtype != getattr(torch, t.dtype) or not t.lo <= int(x) <= t.hi:
+                raise DiffletError(f"runtime input {v.name} must be a 0-d {t.dtype} in [{t.lo}, {t.hi}], "
+                                   f"got {tuple(x.shape)} {x.dtype} {x.tolist()}", where=v.name)
+        elif tuple(x.shape) != tuple(t.shape) or x.dtype != getattr(torch, t.dtype):
+            raise DiffletError(f"input {v.name} must be {t.dtype}{list(t.shape)}, got "
+                               f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}", where=v.name)

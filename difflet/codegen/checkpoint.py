@@ -1,0 +1,229 @@
+"""Checkpoints: materialize a seeded random diffusers-format directory from the IR, and load components.
+
+Invariants:
+- A materialized checkpoint is an ordinary diffusers directory (model_index.json, one subfolder
+  per component, tokenizers, scheduler): it is loaded by exactly the code that loads real weights,
+  and `diffusers.<Pipeline>.from_pretrained(dir)` loads it.
+- The same module configs + seed give the same weights (each component is seeded on its own, so
+  component order does not matter).
+- `load_component` never returns a model whose config disagrees with the IR's inline config.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from difflet.errors import DiffletError
+from difflet.ir.nodes import Attrs, Module, Node, Op, thaw
+
+# The host pipeline class a family's checkpoint is loaded with (model_index.json `_class_name`).
+PIPELINE_CLASS = {"flux": "FluxPipeline"}
+
+# Caption words first, so tiny tokenizers see real prompts as real ids (not all <unk>).
+CAPTION_WORDS = (
+    "a an the of on in with and at by to from under over near behind front top "
+    "red orange yellow green blue purple pink brown black white gray grey gold silver "
+    "circle square triangle star heart cube sphere ball box ring line dot stripe "
+    "cat dog fox bird fish horse cow tree flower house car boat sun moon cloud sky "
+    "mountain river sea lake forest field road city street snow rain grass sand stone "
+    "small big large tiny bright dark light shiny soft old new round flat tall "
+    "background foreground photo painting drawing picture image portrait landscape "
+    "one two three many sitting standing flying running water fire night day"
+).split()
+
+
+def resolve_class(qualified: str, where: Any = None) -> type:
+    """`diffusers.FluxTransformer2DModel` -> the class; a clear DiffletError when it is not there."""
+    module_name, _, attr = qualified.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as err:
+        raise DiffletError(f"cannot import class {qualified!r}: {err}", where=where) from None
+
+
+def _library(qualified: str) -> str:
+    return qualified.split(".", 1)[0]
+
+
+def _scheduler_attrs(module: Module) -> Attrs | None:
+    for sched in module.find(Op.SCHEDULE):
+        for step in sched.body:
+            if "scheduler" in step.attrs:
+                return step.attrs["scheduler"]
+    return None
+
+
+def checkpoint_key(module: Module, seed: int) -> str:
+    """Hex digest of everything that determines a random checkpoint: classes, configs, tokenizers, scheduler, seed, library versions."""
+    import diffusers
+    import torch
+    import transformers
+
+    parts: list[Any] = [seed, torch.__version__, diffusers.__version__, transformers.__version__]
+    for comp in module.components():
+        parts.append([comp.name, comp.attrs.get("class"), comp.attrs.get("subfolder"),
+                      thaw(comp.attrs.get("config")), thaw(comp.attrs.get("tokenizer"))])
+    parts.append(thaw(_scheduler_attrs(module)))
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _build_random(comp: Node, seed: int):
+    import torch
+
+    if "config" not in comp.attrs:
+        raise DiffletError(f"component {comp.name!r} takes its config from the checkpoint; "
+                           "random weights need an inline config", where=comp.loc)
+    cls = resolve_class(comp.attrs["class"], comp.loc)
+    config = comp.attrs["config"].to_python()
+    torch.manual_seed(seed)
+    if _library(comp.attrs["class"]) == "transformers":
+        return cls(cls.config_class(**config))
+    return cls.from_config(config)
+
+
+def _special_ids(config: dict) -> dict[str, int]:
+    """Special token ids from the encoder config (CLIP: pad/bos/eos; T5: pad/eos)."""
+    ids = {"pad": config.get("pad_token_id", 0), "eos": config.get("eos_token_id", 2)}
+    if config.get("bos_token_id") is not None:
+        ids["bos"] = config["bos_token_id"]
+    return ids
+
+
+def _word_level_tokenizer(vocab_size: int, special: dict[str, int], clip_style: bool,
+                          max_length: int, dest: Path) -> None:
+    from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    names = {"pad": "<pad>", "bos": "<s>", "eos": "</s>", "unk": "<unk>"}
+    vocab: dict[str, int] = {names[k]: i for k, i in special.items()}
+    taken = set(vocab.values())
+    free = (i for i in range(vocab_size) if i not in taken)
+    vocab[names["unk"]] = next(free)
+    for word in CAPTION_WORDS:
+        vocab.setdefault(word, next(free, None))
+    for i in free:
+        vocab[f"tok{i}"] = i
+    vocab = {w: i for w, i in vocab.items() if i is not None}
+    if max(vocab.values()) >= vocab_size:
+        raise DiffletError(f"special token ids {special} do not fit vocab_size {vocab_size}", where=dest)
+
+    tok = Tokenizer(WordLevel(vocab, unk_token=names["unk"]))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    eos = (names["eos"], special["eos"])
+    if clip_style and "bos" in special:
+        bos = (names["bos"], special["bos"])
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos[0]} $A {eos[0]}", special_tokens=[bos, eos])
+    else:
+        tok.post_processor = processors.TemplateProcessing(single=f"$A {eos[0]}", special_tokens=[eos])
+    extra = {"bos_token": names["bos"]} if "bos" in special else {}
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=max_length,
+                                   pad_token=names["pad"], eos_token=names["eos"],
+                                   unk_token=names["unk"], padding_side="right", **extra)
+    fast.save_pretrained(str(dest))
+
+
+def materialize_checkpoint(module: Module, seed: int, dest: str | os.PathLike) -> Path:
+    """Write a diffusers-format checkpoint of `module`'s components with weights seeded by `seed`.
+
+    Writes into `dest` (created); returns it. Overwrites files that are already there.
+    """
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    index: dict[str, Any] = {}
+    for i, comp in enumerate(module.components()):
+        model = _build_random(comp, seed * 1000 + i)
+        sub = comp.attrs.get("subfolder", comp.name)
+        model.save_pretrained(str(dest / sub), safe_serialization=True)
+        cls = comp.attrs["class"]
+        index[comp.name] = [_library(cls), cls.rpartition(".")[2]]
+        tok = comp.attrs.get("tokenizer")
+        if tok is not None:
+            config = comp.attrs["config"].to_python()
+            tsub = tok.get("subfolder", "tokenizer")
+            _word_level_tokenizer(config["vocab_size"], _special_ids(config),
+                                  clip_style="CLIP" in cls, max_length=tok["max_length"],
+                                  dest=dest / tsub)
+            tcls = tok.get("class", "transformers.PreTrainedTokenizerFast")
+            index[tsub] = [_library(tcls), tcls.rpartition(".")[2]]
+    sched = _scheduler_attrs(module)
+    if sched is not None:
+        cls = resolve_class(sched["class"])
+        cls.from_config(sched["config"].to_python()).save_pretrained(str(dest / "scheduler"))
+        index["scheduler"] = [_library(sched["class"]), sched["class"].rpartition(".")[2]]
+    pipeline = module.attrs.get("pipeline") or PIPELINE_CLASS.get(module.attrs.get("family"))
+    import diffusers
+
+    head = {"_class_name": pipeline or "DiffusionPipeline", "_diffusers_version": diffusers.__version__}
+    if pipeline == "FluxPipeline":
+        index.update(image_encoder=[None, None], feature_extractor=[None, None])
+    (dest / "model_index.json").write_text(json.dumps({**head, **dict(sorted(index.items()))}, indent=2))
+    return dest
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and abs(a - b) <= 1e-9 * max(1.0, abs(a))
+    return a == b
+
+
+def load_component(node: Node, ckpt_dir: str | os.PathLike):
+    """`Class.from_pretrained(ckpt_dir, subfolder=...)` in the node's dtype, in eval mode.
+
+    Raises DiffletError naming the path when the subfolder is missing, cannot be loaded, or its
+    config disagrees with the IR's inline config on any key the IR states.
+    """
+    import torch
+
+    path = Path(ckpt_dir) / node.attrs.get("subfolder", node.name)
+    if not (path / "config.json").is_file():
+        raise DiffletError(f"no checkpoint for component {node.name!r} (missing config.json)", where=path)
+    cls = resolve_class(node.attrs["class"], node.loc)
+    dtype = getattr(torch, node.attrs.get("dtype", "float32"))
+    kwargs = {"dtype": dtype} if _library(node.attrs["class"]) == "transformers" else {"torch_dtype": dtype}
+    try:
+        model = cls.from_pretrained(str(Path(ckpt_dir)), subfolder=path.name, **kwargs)
+    except (OSError, ValueError, RuntimeError, KeyError) as err:
+        raise DiffletError(f"cannot load {node.attrs['class']} for component {node.name!r}: {err}",
+                           where=path) from None
+    stated = node.attrs.get("config")
+    if stated is not None:
+        cfg = model.config
+        for key, want in stated.to_python().items():
+            have = cfg.get(key, None) if isinstance(cfg, dict) else getattr(cfg, key, None)
+            if not _same(have, want):
+                raise DiffletError(f"checkpoint config disagrees with the IR for component {node.name!r}: "
+                                   f"{key} is {have!r} in the checkpoint, {want!r} in the IR",
+                                   where=path / "config.json")
+    return model.eval()
+
+
+def resolve_weights(module: Module, spec: str, store_root: str | os.PathLike | None = None) -> Path:
+    """`--weights` -> a checkpoint directory: `random:SEED` is materialized once under the store
+    (keyed by the module's configs + seed); anything else must be an existing directory."""
+    from difflet.codegen.store import Store
+
+    if spec.startswith("random:"):
+        try:
+            seed = int(spec.split(":", 1)[1])
+        except ValueError:
+            raise DiffletError(f"--weights random:SEED needs an integer seed, got {spec!r}",
+                               where="--weights") from None
+        store = Store(store_root)
+        path, _ = store.get_or_create("checkpoints", checkpoint_key(module, seed),
+                                      lambda tmp: materialize_checkpoint(module, seed, tmp),
+                                      directory=True)
+        return path
+    path = Path(spec)
+    if not (path / "model_index.json").is_file() and not path.is_dir():
+        raise DiffletError("weights directory does not exist (expected a diffusers-format "
+                           "checkpoint or random:SEED)", where=path)
+    return path

@@ -1,0 +1,107 @@
+"""The `inductor` backend: torch.export + AOTInductor packages without weights inside.
+
+Invariants:
+- A store entry (one directory per cache key) holds `program.pt2` (compiled with
+  `aot_inductor.package_constants_in_so=False`, so it contains no weights: the cache key excludes
+  weights and one program serves every checkpoint of the same config) and `constants.safetensors`
+  (graph-made tensor constants that are part of the program, not of any checkpoint).
+- A program's weights are exactly its constant FQNs (`get_constant_fqns()`); loading checks the
+  update is full, so a program never runs with a missing weight.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from difflet.codegen.build import ProgramModule, build_program_module, example_inputs
+from difflet.errors import DiffletError
+from difflet.ir.nodes import Node
+
+PROGRAM_FILE = "program.pt2"
+CONSTANTS_FILE = "constants.safetensors"
+FQNS_FILE = "constants.json"
+INDUCTOR_CONFIGS = {"aot_inductor.package_constants_in_so": False}
+
+
+def module_tensors(pm: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer by FQN, tied ones under each of their names."""
+    named = dict(pm.named_parameters(remove_duplicate=False))
+    named.update(pm.named_buffers(remove_duplicate=False))
+    return {k: v.detach() for k, v in named.items()}
+
+
+def compile_entry(node: Node, pm: ProgramModule, dest: Path) -> None:
+    """Export and AOT-compile `pm` into the store entry directory `dest` (see module invariants)."""
+    from safetensors.torch import save_file
+    from torch._inductor.package import load_package
+
+    with torch.no_grad():
+        ep = torch.export.export(pm, example_inputs(node), strict=False)
+    torch._inductor.aoti_compile_and_package(ep, package_path=str(dest / PROGRAM_FILE),
+                                             inductor_configs=INDUCTOR_CONFIGS)
+    fqns = list(load_package(str(dest / PROGRAM_FILE)).get_constant_fqns())
+    known = module_tensors(pm)
+    graph_made = {k: v.detach().contiguous().clone() for k, v in ep.constants.items()
+                  if k in fqns and k not in known and isinstance(v, torch.Tensor)}
+    missing = [k for k in fqns if k not in known and k not in graph_made]
+    if missing:
+        raise DiffletError(f"compiled program of {node.name!r} needs constants the module does not have: "
+                           f"{missing[:5]}", where=node.loc)
+    save_file(graph_made, str(dest / CONSTANTS_FILE))
+    (dest / FQNS_FILE).write_text(json.dumps(fqns))
+
+
+def program_weights(pm: ProgramModule, entry: Path) -> dict[str, torch.Tensor]:
+    """The constants the entry's program loads, taken from `pm` (the checkpoint) and the entry."""
+    from safetensors.torch import load_file
+
+    fqns = json.loads((entry / FQNS_FILE).read_text())
+    known = module_tensors(pm)
+    graph_made = load_file(str(entry / CONSTANTS_FILE))
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for k in fqns:
+        t = known[k] if k in known else graph_made[k]
+        # safetensors refuses shared storage: tied weights are written once per name.
+        ptr = t.untyped_storage().data_ptr() if t.numel() else -1
+        out[k] = t.contiguous().clone() if ptr in seen else t.contiguous()
+        seen.add(ptr)
+    return out
+
+
+def build_and_compile(node: Node, ckpt_dir: str | os.PathLike, dest: Path) -> ProgramModule:
+    """Convenience: build the program module from the checkpoint and compile it into `dest`."""
+    pm = build_program_module(node, ckpt_dir)
+    compile_entry(node, pm, dest)
+    return pm
+
+
+class CompiledRunner:
+    """A loaded AOTInductor package with its weights: `runner(*tensors) -> tuple[Tensor, ...]`."""
+
+    def __init__(self, program_path: Path, weights_path: Path) -> None:
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+        from torch._inductor.package import load_package
+
+        try:
+            weights = load_file(str(weights_path))
+        except (SafetensorError, OSError) as err:
+            raise DiffletError(f"cannot read weights: {err}", where=weights_path) from None
+        try:
+            self._model = load_package(str(program_path))
+        except Exception as err:  # the loader raises bare RuntimeErrors from C++
+            raise DiffletError(f"cannot load compiled program: {err}", where=program_path) from None
+        fqns = list(self._model.get_constant_fqns())
+        missing = sorted(set(fqns) - set(weights))
+        if missing:
+            raise DiffletError(f"weights lack {len(missing)} constants the program needs, e.g. {missing[:3]}",
+                               where=weights_path)
+        self._model.load_constants({k: weights[k] for k in fqns}, check_full_update=True)
+
+    def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out = self._model(*tensors)
+        return tuple(out) if isinstance(out, (list, tuple)) else (out,)
