@@ -1,0 +1,115 @@
+"""cache-key: an explicit, auditable sha256 per compiled component.
+
+Inputs (exactly these, written out by `key_inputs`, printed by `difflet opt --explain-key`):
+the component's class, config, entry, dtype and probe attrs; its input/output names and
+types (shapes, dtypes, runtime ranges) with their select/alias/state attrs; its attention
+sites; its planned layout node (attrs and body); the backend; the compiler version; the
+Difflet version; whether a probe is carried.
+Never inputs: runtime settings (cache mode, threshold, cadence, steps, guidance, seed),
+weights (or params counts and subfolders, which name them), tokenizers (host side) and
+source locations. So changing a runtime setting recompiles nothing.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+from typing import Any
+
+import msgspec
+
+from difflet.ir.nodes import Attrs, Module, Node, Op, RuntimeType, TensorType
+from difflet.passes import model_facts as F
+
+KEY_ATTRS = ("role", "class", "config", "entry", "dtype", "probe", "mode", "source", "modules",
+             "stops_before", "score", "fused_into")
+COMPILERS = {"inductor": "torch", "neuron": "neuronx-cc"}
+
+
+def package_version(dist: str) -> str:
+    """The installed version of `dist`, without importing it; "absent" if not installed."""
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
+
+
+def compiler_version(backend: str) -> str:
+    return f"{COMPILERS.get(backend, backend)}=={package_version(COMPILERS.get(backend, backend))}"
+
+
+def difflet_version() -> str:
+    v = package_version("difflet")
+    if v == "absent":
+        import difflet
+
+        v = difflet.__version__
+    return v
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, Attrs):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, tuple):
+        return [_plain(x) for x in v]
+    if isinstance(v, TensorType):
+        return {"tensor": v.dtype, "shape": list(v.shape)}
+    if isinstance(v, RuntimeType):
+        return {"runtime": v.dtype, "lo": v.lo, "hi": v.hi}
+    return v
+
+
+def _node(n: Node) -> dict:
+    """A node without its source location."""
+    return {"op": n.op.value, "name": n.name, "attrs": _plain(n.attrs), "args": list(n.args),
+            "results": [{"name": r.name, "type": _plain(r.type)} for r in n.results],
+            "body": [_node(b) for b in n.body]}
+
+
+def key_inputs(comp: Node, backend: str, compiler: str, difflet: str, probe: str) -> dict:
+    """Everything the key hashes, as plain JSON-able data, in a fixed order."""
+    kept = (Op.INPUT, Op.OUTPUT, Op.ATTENTION, Op.LAYOUT)
+    return {
+        "component": comp.name,
+        "attrs": {k: _plain(comp.attrs[k]) for k in KEY_ATTRS if k in comp.attrs},
+        "body": [_node(n) for n in comp.body if n.op in kept],
+        "backend": backend,
+        "compiler": compiler,
+        "difflet": difflet,
+        "probe": probe,
+    }
+
+
+def digest(inputs: dict) -> str:
+    text = json.dumps(inputs, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def probe_presence(m: Module, comp: Node) -> str:
+    """How this component carries the probe: none | separate | fused."""
+    if comp.attrs.get("role") == "probe":
+        return comp.attrs.get("mode", "separate")
+    return "fused" if comp.attrs.get("probe") == "fused" else "none"
+
+
+def assign_cache_keys(m: Module, backend: str, compiler: str, difflet: str | None = None) -> Module:
+    """Set attrs cache_key (and record backend/compiler/difflet versions on the module)."""
+    difflet = difflet or difflet_version()
+    body = []
+    for n in m.body:
+        if n.op in (Op.COMPONENT, Op.PROBE):
+            key = digest(key_inputs(n, backend, compiler, difflet, probe_presence(m, n)))
+            n = msgspec.structs.replace(n, attrs=n.attrs.set(cache_key=key))
+        body.append(n)
+    attrs = m.attrs.set(backend=backend, compiler=compiler, difflet_version=difflet)
+    return msgspec.structs.replace(m, attrs=attrs, body=tuple(body))
+
+
+def explain(m: Module) -> str:
+    """The key inputs of every component of a planned module, as indented JSON."""
+    out = {}
+    for comp in F.compiled(m):
+        inputs = key_inputs(comp, m.attrs["backend"], m.attrs["compiler"], m.attrs["difflet_version"],
+                            probe_presence(m, comp))
+        out[comp.name] = {"cache_key": digest(inputs), "inputs": inputs}
+    return json.dumps(out, indent=1)

@@ -1,0 +1,174 @@
+"""legality: check a planned module against a target table before anything compiles.
+
+Invariants:
+- Each rule is a named function (module, ctx) -> list[Violation]; RULES lists them in the
+  order they are reported. Limits come only from the target table (targets.py), never from
+  a per-target branch.
+- A Violation names its rule, the component and the DSL location (`Loc` of the site or
+  component), so `difflet opt` can print `file:line:col: ... (rule R)` and exit 2.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from difflet.ir.nodes import Loc, Module, Node, Op
+from difflet.passes import memory
+from difflet.passes import model_facts as F
+from difflet.passes.split_rules import rules_for
+
+
+@dataclass(frozen=True)
+class Violation:
+    rule: str
+    message: str
+    component: str = ""
+    loc: Loc = Loc.unknown()
+
+
+@dataclass(frozen=True)
+class Context:
+    target: Mapping[str, Any]
+    backend: str
+    cores: int | None
+
+
+def _layout(comp: Node) -> Node:
+    return comp.find(Op.LAYOUT)[0]
+
+
+def _den_sites(m: Module):
+    for comp in m.components("denoiser"):
+        lay = _layout(comp)
+        for site in lay.find(Op.ATTENTION):
+            yield comp, lay, site
+
+
+def backend(m: Module, ctx: Context) -> list[Violation]:
+    if ctx.backend in ctx.target["backends"]:
+        return []
+    return [Violation("backend", f"backend {ctx.backend} cannot target {ctx.target['name']} "
+                      f"(it supports {', '.join(ctx.target['backends'])})")]
+
+
+def cores(m: Module, ctx: Context) -> list[Violation]:
+    world = m.attrs["parallel"]["world"]
+    if ctx.cores is not None and world != ctx.cores:
+        return [Violation("cores", f"world dp*cfg*cp*tp = {world} does not equal --cores {ctx.cores}")]
+    if world > ctx.target["max_cores"]:
+        return [Violation("cores", f"world {world} exceeds the {ctx.target['max_cores']} cores of "
+                          f"{ctx.target['name']}")]
+    return []
+
+
+def split_rules(m: Module, ctx: Context) -> list[Violation]:
+    out = []
+    world = m.attrs["parallel"]["world"]
+    for comp in m.components():
+        tp = _layout(comp).attrs["tp"]
+        if tp > 1 and rules_for(comp.attrs.get("class", "")) is None:
+            out.append(Violation("split-rules", f"no tensor-parallel split rules for class "
+                                 f"{comp.attrs.get('class')}, so it cannot run tp{tp}", comp.name, comp.loc))
+        if world % tp:
+            out.append(Violation("component-tp", f"tp{tp} does not divide the {world} cores",
+                                 comp.name, comp.loc))
+    return out
+
+
+def head_dim(m: Module, ctx: Context) -> list[Violation]:
+    lim = ctx.target["max_head_dim"]
+    return [Violation("head-dim", f"head_dim {s.attrs['head_dim']} exceeds {lim} on {ctx.target['name']}",
+                      c.name, s.loc) for c, _, s in _den_sites(m) if s.attrs["head_dim"] > lim]
+
+
+def tp_heads(m: Module, ctx: Context) -> list[Violation]:
+    out = [Violation("tp-heads", f"heads {s.attrs['heads']} not divisible by tp = {lay.attrs['tp']}",
+                     c.name, s.loc) for c, lay, s in _den_sites(m) if s.attrs["heads"] % lay.attrs["tp"]]
+    for comp in m.components():
+        tp, cfg = _layout(comp).attrs["tp"], F.config(comp)
+        for key in ("num_attention_heads", "num_heads", "num_key_value_heads"):
+            if tp > 1 and comp.attrs.get("role") != "denoiser" and cfg.get(key) and cfg[key] % tp:
+                out.append(Violation("tp-heads", f"{key} {cfg[key]} not divisible by tp = {tp}",
+                                     comp.name, comp.loc))
+    return out
+
+
+def ulysses_heads(m: Module, ctx: Context) -> list[Violation]:
+    out = []
+    for c, lay, s in _den_sites(m):
+        n = lay.attrs["tp"] * lay.attrs["cp"]
+        if s.attrs["mode"] == "ulysses" and s.attrs["heads"] % n:
+            out.append(Violation("ulysses-heads", f"heads {s.attrs['heads']} not divisible by "
+                                 f"tp*cp = {n}", c.name, s.loc))
+    return out
+
+
+def attention_mode(m: Module, ctx: Context) -> list[Violation]:
+    mode = m.attrs["parallel"]["attention"]
+    if mode == "none" or mode in ctx.target["attention_modes"]:
+        return []
+    return [Violation("attention-mode", f"{ctx.target['name']} does not run {mode} attention")]
+
+
+def token_split(m: Module, ctx: Context) -> list[Violation]:
+    out = []
+    for comp in m.components("denoiser"):
+        lay = _layout(comp)
+        cp, tp, full = lay.attrs["cp"], lay.attrs["tp"], lay.attrs["tokens"]
+        if cp > 1 and full["visual"] % cp:
+            out.append(Violation("cp-tokens", f"visual tokens {full['visual']} not divisible by cp = {cp}",
+                                 comp.name, comp.loc))
+        if lay.attrs["sp"]:
+            for stream, n in lay.attrs["local_tokens"].items():
+                if n % tp:
+                    out.append(Violation("sp-tokens", f"{stream} tokens {n} per rank not divisible "
+                                         f"by tp = {tp} for sequence parallelism", comp.name, comp.loc))
+    return out
+
+
+def cfg_branches(m: Module, ctx: Context) -> list[Violation]:
+    cfg = m.attrs["parallel"]["cfg"]
+    if cfg == 1:
+        return []
+    if F.guidance_branches(m) != 2:
+        return [Violation("cfg", f"cfg{cfg} needs true classifier-free guidance (two passes); this "
+                          "model's guidance runs in one pass")]
+    if cfg != 2:
+        return [Violation("cfg", f"cfg{cfg}: guidance has exactly 2 branches")]
+    return []
+
+
+def masked_fused_attention(m: Module, ctx: Context) -> list[Violation]:
+    rules = ctx.target["fused_attention"]
+    out = []
+    for c, lay, s in _den_sites(m):
+        a = s.attrs
+        masked = a["mask"] != "none"
+        if masked and rules["equal_qk_len_when_masked"] and a["mode"] == "gather_kv" and a["q_len"] != a["kv_len"]:
+            out.append(Violation("masked-equal-qk", f"gather_kv gives {a['q_len']} queries and "
+                                 f"{a['kv_len']} keys, but masked fused attention on "
+                                 f"{ctx.target['name']} needs equal query and key lengths", c.name, s.loc))
+        order = lay.attrs["joint_order"]
+        if masked and rules["contiguous_valid_keys"] and order and order[-1] != "text_pad":
+            out.append(Violation("contiguous-valid-keys", f"joint order {order} does not keep valid "
+                                 "text keys contiguous", c.name, s.loc))
+    return out
+
+
+def memory_fits(m: Module, ctx: Context) -> list[Violation]:
+    est = memory.estimate(m, ctx.target)
+    if est.fits():
+        return []
+    return [Violation("memory", f"estimated {est.summary()} does not fit:\n{est.breakdown()}")]
+
+
+RULES: tuple[Callable[[Module, Context], list[Violation]], ...] = (
+    backend, cores, split_rules, head_dim, tp_heads, ulysses_heads, attention_mode, token_split,
+    cfg_branches, masked_fused_attention, memory_fits,
+)
+
+
+def check(m: Module, target: Mapping[str, Any], backend_name: str, n_cores: int | None = None) -> list[Violation]:
+    """Every violation of every rule, in RULES order (empty = legal)."""
+    ctx = Context(target, backend_name, n_cores)
+    return [v for rule in RULES for v in rule(m, ctx)]
