@@ -1,0 +1,132 @@
+"""Distributed joint attention: [visual sharded over CP, text replicated] under one softmax.
+
+Layout in and out (per rank, H = this rank's heads after TP, cp = size of the CP group):
+  q/k/v_vis [B, H, Vl, D]  this rank's contiguous visual shard (the full visual sequence is the
+                           shards in CP rank order, V = cp * Vl);
+  q/k/v_txt [B, H, T, D]   the text, identical on every rank, padded to T: its first
+                           `valid_text` keys are valid, the rest are padding;
+  valid_text               0-d int64 tensor in [0, T] (a runtime value, never a shape).
+  returns (out_vis [B, H, Vl, D] for the local shard, out_txt [B, H, T, D] replicated).
+
+Invariants (each mode equals `bounded_attention` over the unsplit keys [all visual, text] with
+bounds [0, V + valid_text)):
+- padded text keys get weight exactly 0 (their contents never reach the output);
+- the replicated text keys enter each softmax exactly once;
+- only bounded_attention touches scores, so every mode runs the same kernel contract.
+Modes:
+- ulysses:   all-to-all sequence shards -> head shards (H % cp == 0), attend the full joint
+             sequence for H/cp heads, inverse all-to-all; text outputs all-gathered over heads.
+             Text outputs are bitwise identical across ranks.
+- ring:      local queries [visual shard, all text] vs text K/V once, then vs each visual K/V
+             shard as it circulates; partials merged by rescaling to a common max. Never holds
+             more than two visual shards of K/V. Text outputs agree across ranks to float
+             rounding only (each rank merges the shards in a different order).
+- gather_kv: all-gather visual K/V, local queries vs [all visual, text]. Text outputs bitwise
+             identical across ranks.
+`report`, if given, receives `kv_bytes`: the most K/V bytes the mode holds at once for its
+kernel calls (measured from the tensors, for bench/parallel.py).
+"""
+from __future__ import annotations
+
+import torch
+
+from difflet.parallel import comm
+from kernels.attention_ref import bounded_attention
+
+MODES = ("ulysses", "ring", "gather_kv")
+
+
+def _nbytes(*ts: torch.Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in ts)
+
+
+def _note(report: dict | None, nbytes: int) -> None:
+    if report is not None:
+        report["kv_bytes"] = max(report.get("kv_bytes", 0), nbytes)
+
+
+def _bounds(valid: torch.Tensor, offset: int, like: torch.Tensor):
+    lo = torch.zeros((), dtype=torch.int64, device=like.device)
+    return lo, valid.to(device=like.device, dtype=torch.int64).reshape(()) + offset
+
+
+def ulysses(q_vis, k_vis, v_vis, q_txt, k_txt, v_txt, valid_text, group, report=None):
+    """Joint attention by exchanging sequence shards for head shards (see module docstring)."""
+    n, r = comm.size(group), comm.rank(group)
+    b, h, vl, d = q_vis.shape
+    if h % n:
+        raise ValueError(f"ulysses needs local heads ({h}) divisible by the CP size ({n})")
+    hc = h // n
+    # One all-to-all for q, k and v: [n(dest head chunk), 3, B, hc, Vl, D].
+    qkv = torch.stack([q_vis, k_vis, v_vis]).reshape(3, b, n, hc, vl, d).permute(2, 0, 1, 3, 4, 5)
+    got = comm.all_to_all(qkv, group)  # [n(src seq shard), 3, B, hc, Vl, D]
+    q, k, v = got.permute(1, 2, 3, 0, 4, 5).reshape(3, b, hc, n * vl, d).unbind(0)
+    heads = slice(r * hc, (r + 1) * hc)  # text is replicated: keep one copy, this rank's heads
+    q = torch.cat([q, q_txt[:, heads]], dim=2)
+    k = torch.cat([k, k_txt[:, heads]], dim=2)
+    v = torch.cat([v, v_txt[:, heads]], dim=2)
+    _note(report, _nbytes(k, v))
+    lo, hi = _bounds(valid_text, n * vl, q)
+    out = bounded_attention(q, k, v, lo, hi)  # [B, hc, V + T, D]
+    vis = out[:, :, : n * vl].reshape(b, hc, n, vl, d).permute(2, 0, 1, 3, 4)
+    vis = comm.all_to_all(vis, group)  # [n(src head chunk), B, hc, Vl, D]
+    out_vis = vis.permute(1, 0, 2, 3, 4).reshape(b, h, vl, d)
+    out_txt = comm.all_gather(out[:, :, n * vl:], 1, group)
+    return out_vis, out_txt
+
+
+def _merge(run, part):
+    """Fold partial (acc, m, l) into the running one: rescale both to the common max, add."""
+    if run is None:
+        return part
+    acc0, m0, l0 = run
+    acc1, m1, l1 = part
+    m = torch.maximum(m0, m1)
+    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # both empty: no NaN
+    a0, a1 = torch.exp(m0 - m_safe), torch.exp(m1 - m_safe)
+    return acc0 * a0.unsqueeze(-1) + acc1 * a1.unsqueeze(-1), m, l0 * a0 + l1 * a1
+
+
+def ring(q_vis, k_vis, v_vis, q_txt, k_txt, v_txt, valid_text, group, report=None):
+    """Joint attention with local queries and circulating visual K/V (see module docstring)."""
+    n = comm.size(group)
+    vl = q_vis.shape[2]
+    q = torch.cat([q_vis, q_txt], dim=2)
+    lo, hi = _bounds(valid_text, 0, q)
+    _, acc, m, l = bounded_attention(q, k_txt, v_txt, lo, hi, return_stats=True)
+    run = (acc, m, l)
+    kv = torch.stack([k_vis, v_vis])  # one rotation moves both
+    full = _bounds(torch.zeros((), dtype=torch.int64), vl, q)  # every visual key is valid
+    for step in range(n):
+        nxt = comm.rotate(kv, group) if step + 1 < n else None  # in flight while we compute
+        _note(report, _nbytes(k_txt, v_txt, kv) + (_nbytes(kv) if nxt is not None else 0))
+        _, acc, m, l = bounded_attention(q, kv[0], kv[1], *full, return_stats=True)
+        run = _merge(run, (acc, m, l))
+        kv = comm.wait(nxt) if nxt is not None else None
+    acc, _, l = run
+    out = (acc / torch.where(l > 0, l, torch.ones_like(l)).unsqueeze(-1)).to(q.dtype)
+    return out[:, :, :vl], out[:, :, vl:]
+
+
+def gather_kv(q_vis, k_vis, v_vis, q_txt, k_txt, v_txt, valid_text, group, report=None):
+    """Joint attention after all-gathering visual K/V (see module docstring)."""
+    vl = q_vis.shape[2]
+    kv = comm.all_gather(torch.stack([k_vis, v_vis]), 3, group)  # [2, B, H, V, D]
+    k = torch.cat([kv[0], k_txt], dim=2)
+    v = torch.cat([kv[1], v_txt], dim=2)
+    _note(report, _nbytes(k, v))
+    q = torch.cat([q_vis, q_txt], dim=2)
+    lo, hi = _bounds(valid_text, kv.shape[3], q)
+    out = bounded_attention(q, k, v, lo, hi)
+    return out[:, :, :vl], out[:, :, vl:]
+
+
+_IMPL = {"ulysses": ulysses, "ring": ring, "gather_kv": gather_kv}
+
+
+def joint_attention(mode: str, q_vis, k_vis, v_vis, q_txt, k_txt, v_txt, valid_text, group,
+                    report: dict | None = None):
+    """Dispatch to one CP mode; with a size-1 group every mode is plain bounded attention."""
+    if mode not in _IMPL:
+        raise ValueError(f"unknown joint attention mode {mode!r}; expected one of {MODES}")
+    return _IMPL[mode](q_vis, k_vis, v_vis, q_txt, k_txt, v_txt, valid_text, group, report)

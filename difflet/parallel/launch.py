@@ -1,0 +1,89 @@
+"""Run one function on N local ranks over gloo on loopback and collect what each rank returns.
+
+For tests and benches only (the runtime has its own rank workers). Invariants:
+- `run_ranks(fn, n, *args)` spawns n fresh processes (spawn start method, so no state leaks
+  from the parent), joins them into one gloo process group over 127.0.0.1 on a free port,
+  calls `fn(rank, world, *args)` in each, and returns the n results in rank order.
+- `fn` must be importable by name (a module-level function); results travel back pickled via
+  torch.save, so tensors arrive as ordinary tensors in the parent.
+- A failing rank raises `RankError` in the parent carrying that rank's traceback; a hang is
+  bounded by `timeout` seconds, after which every child is killed. No child outlives the call.
+"""
+from __future__ import annotations
+
+import io
+import os
+import socket
+import traceback
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+class RankError(RuntimeError):
+    """A rank raised (message holds its traceback) or the ranks did not finish in time."""
+
+
+def free_port() -> int:
+    """A TCP port that was free on loopback a moment ago (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _dumps(obj) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _child(rank: int, world: int, port: int, fn, args, queue, threads: int) -> None:
+    # One thread per rank: the ranks share a few cores, oversubscription only adds noise.
+    torch.set_num_threads(threads)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, timeout=timedelta(seconds=60))
+        try:
+            result = fn(rank, world, *args)
+        finally:
+            dist.destroy_process_group()
+        queue.put((rank, True, _dumps(result)))
+    except BaseException:  # noqa: BLE001 - every failure must reach the parent, not hang it
+        queue.put((rank, False, traceback.format_exc()))
+
+
+def run_ranks(fn, world: int, *args, timeout: float = 120.0, threads: int = 1) -> list:
+    """Call `fn(rank, world, *args)` on `world` gloo ranks; return their results in rank order."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_child, args=(r, world, port, fn, args, queue, threads), daemon=True)
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    results: dict[int, object] = {}
+    errors: list[str] = []
+    try:
+        for _ in range(world):
+            try:
+                rank, ok, payload = queue.get(timeout=timeout)
+            except Exception as exc:  # queue.Empty: a rank hung or died without reporting
+                raise RankError(f"{world - len(results) - len(errors)} rank(s) did not report within "
+                                f"{timeout:.0f}s; exit codes {[p.exitcode for p in procs]}") from exc
+            if ok:
+                results[rank] = torch.load(io.BytesIO(payload), weights_only=False)
+            else:
+                errors.append(f"rank {rank}:\n{payload}")
+                break  # the others may now block on a collective with this rank: stop waiting
+        if errors:
+            raise RankError("\n".join(errors))
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return [results[r] for r in range(world)]
