@@ -51,9 +51,8 @@ class _Timer:
 
 
 def _codegen_counts(result) -> str:
-    """codegen's return value -> "compiled N, reused M" (a dict or an object with those fields)."""
-    get = result.get if isinstance(result, dict) else (lambda k, d=None: getattr(result, k, d))
-    return f"compiled {get('compiled', '?')}, reused {get('reused', '?')}"
+    """codegen's CodegenResult -> "compiled N, reused M" (its fields list component names)."""
+    return f"compiled {len(result.compiled)}, reused {len(result.reused)}"
 
 
 def start_server(art: Path, timeout: float = SERVER_START_TIMEOUT_S) -> tuple[subprocess.Popen, str]:
@@ -89,8 +88,7 @@ def stop_server(proc: subprocess.Popen, timeout: float = 30.0) -> int:
 
 def run_demo(output: Path, prompt: str, store: Path | None, seed: int = 42,
              log: Callable[[str], None] = print) -> DemoReport:
-    from difflet.codegen.checkpoint import resolve_weights
-    from difflet.codegen.commands import codegen
+    from difflet.codegen.driver import codegen
     from difflet.codegen.store import default_store_dir
     from difflet.frontend.lower import lower_file
     from difflet.passes.pipeline import optimize
@@ -106,10 +104,9 @@ def run_demo(output: Path, prompt: str, store: Path | None, seed: int = 42,
         module = optimize(module, parallel="tp1", target="cpu", backend="inductor")
     art = store / "demo-art" / module.name
     with _Timer(report, "codegen") as t:
-        weights = resolve_weights(module, "random:0", store)
         if art.exists():  # the ART dir is a view of the store; rebuilt from it each run
             shutil.rmtree(art)
-        t.note = _codegen_counts(codegen(module, str(weights), art, backend="inductor",
+        t.note = _codegen_counts(codegen(module, "random:0", art, backend="inductor",
                                          store=store, log=lambda *a: None))
     with _Timer(report, "load+warm-up") as t:
         proc, address = start_server(art)
