@@ -1,8 +1,9 @@
 """Run one function on N local ranks over gloo on loopback and collect what each rank returns.
 
 For tests and benches only (the runtime has its own rank workers). Invariants:
-- `run_ranks(fn, n, *args)` spawns n fresh processes (spawn start method, so no state leaks
-  from the parent), joins them into one gloo process group over 127.0.0.1 on a free port,
+- `run_ranks(fn, n, *args)` starts n fresh processes (forkserver start method: forked from a
+  clean server that imported torch once, so no state leaks from the parent and later launches
+  skip the torch import), joins them into one gloo process group over 127.0.0.1 on a free port,
   calls `fn(rank, world, *args)` in each, and returns the n results in rank order.
 - `fn` must be importable by name (a module-level function); results travel back pickled via
   torch.save, so tensors arrive as ordinary tensors in the parent.
@@ -57,7 +58,8 @@ def _child(rank: int, world: int, port: int, fn, args, queue, threads: int) -> N
 
 def run_ranks(fn, world: int, *args, timeout: float = 120.0, threads: int = 1) -> list:
     """Call `fn(rank, world, *args)` on `world` gloo ranks; return their results in rank order."""
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "difflet.parallel.launch"])
     queue = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_child, args=(r, world, port, fn, args, queue, threads), daemon=True)
