@@ -1,0 +1,95 @@
+# hunyuanvideo-community/HunyuanVideo at real size (HunyuanVideoPipeline), 320x512, 61 frames.
+# VAE: 8x spatial, 4x temporal -> latents [1, 16, 16, 40, 64]; patch 2 (patch_t 1) ->
+# 16 x 20 x 32 = 10,240 visual tokens, joined with 256 Llama tokens (visual first). The
+# reference masks text padding (the refiner and the main blocks), so valid_text is the
+# prompt's real length.
+
+model hunyuan_video family hunyuan_video
+
+profile {
+    height   = 320
+    width    = 512
+    frames   = 61
+    steps    = 50
+    guidance = 6.0      # embedded guidance (x1000 in the pipeline), one pass
+    max_text = 256
+    template = 95       # the prompt template tokens the pipeline crops
+    clip_len = 77
+    dtype    = bfloat16
+}
+
+runtime valid_text: int64 in [1, max_text] default max_text
+    doc "valid Llama text keys; HunyuanVideo masks its padding"
+runtime seed: int64 in [0, 2**63 - 1] default 0 doc "initial-noise seed"
+runtime step: int64 in [0, steps - 1] default 0 doc "index of the current denoising step"
+
+# llava-llama-3-8b text tower; the pipeline takes hidden_states[-3]
+encoder text_encoder = transformers.LlamaModel from "text_encoder" {
+    config {
+        vocab_size: 128320, hidden_size: 4096, intermediate_size: 14336, num_hidden_layers: 32
+        num_attention_heads: 32, num_key_value_heads: 8, max_position_embeddings: 8192
+        rms_norm_eps: 0.00001, hidden_act: "silu"
+    }
+    dtype dtype
+    tokenizer transformers.PreTrainedTokenizerFast from "tokenizer" max_length max_text + template
+    input  input_ids: int64[1, max_text + template]
+    output prompt_embeds: dtype[1, max_text + template, 4096] select "hidden_states"
+}
+
+encoder text_encoder_2 = transformers.CLIPTextModel from "text_encoder_2" {
+    config {
+        vocab_size: 49408, hidden_size: 768, intermediate_size: 3072
+        num_hidden_layers: 12, num_attention_heads: 12, max_position_embeddings: 77
+        projection_dim: 768, hidden_act: "quick_gelu", layer_norm_eps: 0.00001
+        bos_token_id: 0, eos_token_id: 2, pad_token_id: 1
+    }
+    dtype dtype
+    tokenizer transformers.PreTrainedTokenizerFast from "tokenizer_2" max_length clip_len
+    input  input_ids: int64[1, clip_len]
+    output pooled: dtype[1, 768] select "pooler_output"
+}
+
+# 2 refiner + 20 dual-stream + 40 single-stream blocks, 24 heads x 128
+denoiser transformer = diffusers.HunyuanVideoTransformer3DModel from "transformer" {
+    config {
+        in_channels: 16, out_channels: 16, num_attention_heads: 24, attention_head_dim: 128
+        num_layers: 20, num_single_layers: 40, num_refiner_layers: 2, mlp_ratio: 4.0
+        patch_size: 2, patch_size_t: 1, qk_norm: "rms_norm", guidance_embeds: true
+        text_embed_dim: 4096, pooled_projection_dim: 768, rope_theta: 256.0
+        rope_axes_dim: [16, 56, 56]
+    }
+    dtype dtype
+    input hidden_states:          dtype[1, 16, (frames - 1) / 4 + 1, height / 8, width / 8]
+    input timestep:               dtype[1]
+    input encoder_hidden_states:  dtype[1, max_text, 4096]
+    input encoder_attention_mask: int64[1, max_text]
+    input pooled_projections:     dtype[1, 768]
+    input guidance:               float32[1]
+    input valid_text: runtime valid_text
+    output sample: dtype[1, 16, (frames - 1) / 4 + 1, height / 8, width / 8] select 0
+
+    attention "context_embedder.token_refiner.refiner_blocks.*.attn": self
+        heads 24 head_dim 128 order (text) text_mask true valid valid_text
+    attention "transformer_blocks.*.attn": joint
+        heads 24 head_dim 128 order (visual, text) text_mask true valid valid_text
+    attention "single_transformer_blocks.*.attn": joint
+        heads 24 head_dim 128 order (visual, text) text_mask true valid valid_text
+}
+
+decoder vae = diffusers.AutoencoderKLHunyuanVideo from "vae" {
+    config { latent_channels: 16 }
+    entry decode
+    dtype dtype
+    input  z: dtype[1, 16, (frames - 1) / 4 + 1, height / 8, width / 8]
+    output sample: dtype[1, 3, frames, height, width] select "sample"
+}
+
+schedule {
+    hunyuan_video.encode_prompt(text_encoder, text_encoder_2)
+    hunyuan_video.prepare_latents()
+    hunyuan_video.denoise(transformer) {
+        scheduler: diffusers.FlowMatchEulerDiscreteScheduler { shift: 7.0, use_dynamic_shifting: false }
+        guidance: { mode: "embedded", scale: guidance }
+    }
+    hunyuan_video.decode(vae)
+}
