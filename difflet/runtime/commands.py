@@ -35,7 +35,12 @@ def generate(prompt: str, server: str, seed: int, output: str, steps, guidance, 
         code = err.code()
         click.echo(f"error: {server}: {code.name}: {err.details()}", err=True)
         sys.exit(2 if code == grpc.StatusCode.INVALID_ARGUMENT else 1)
-    Path(output).write_bytes(reply.png)
+    try:
+        Path(output).write_bytes(reply.png)
+    except OSError as err:
+        from difflet.errors import DiffletError
+
+        raise DiffletError(f"cannot write the image: {err.strerror}", where=output) from None
     t = reply.timings
     click.echo(f"wrote {output} ({reply.width}x{reply.height}, seed {reply.seed}, {reply.steps} "
                f"steps; encode {t.encode_ms:.0f} ms, denoise {t.denoise_ms:.0f} ms, "
