@@ -1,0 +1,161 @@
+"""Benchmark distributed joint attention: K/V bytes per rank, mode times on gloo ranks, and
+bounded attention vs dense-mask SDPA. Prints JSON, then a markdown table. Never a test.
+
+K/V bytes are what each mode's kernel calls actually hold at once (the `report` the joint
+attention functions fill from their tensors), measured on real gloo ranks at each CP size.
+Times are wall-clock on this host's CPU over gloo loopback: read them as ratios within one run.
+
+  python bench/parallel.py            # default sizes (about a minute on 2 idle cores)
+  python bench/parallel.py --quick    # smaller sizes
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from difflet.parallel.launch import run_ranks
+
+MODES = ("gather_kv", "ulysses", "ring")
+
+
+def _inputs(h, v, t, d, cp, cp_i):
+    g = torch.Generator().manual_seed(0)
+    vis = [torch.randn(1, h, v, d, generator=g)[:, :, cp_i * v // cp:(cp_i + 1) * v // cp] for _ in range(3)]
+    txt = [torch.randn(1, h, t, d, generator=g) for _ in range(3)]
+    return vis, txt
+
+
+def _rank_memory(rank, world, h, t, d, seqs):
+    """kv_bytes per mode and visual length, on this rank (one call each)."""
+    from difflet.parallel.joint_attention import joint_attention
+
+    out = {}
+    for v in seqs:
+        vis, txt = _inputs(h, v, t, d, world, rank)
+        for mode in MODES:
+            rep = {}
+            joint_attention(mode, *vis, *txt, torch.tensor(t // 2), _world(), rep)
+            out[mode, v] = rep["kv_bytes"]
+    return out
+
+
+def _world():
+    import torch.distributed as dist
+    return dist.group.WORLD
+
+
+def _rank_times(rank, world, h, t, d, seqs, reps):
+    """Per mode and visual length: this rank's seconds per call for each rep (after a barrier)."""
+    import torch.distributed as dist
+    from difflet.parallel.joint_attention import joint_attention
+
+    out = {}
+    for v in seqs:
+        vis, txt = _inputs(h, v, t, d, world, rank)
+        for mode in MODES:
+            joint_attention(mode, *vis, *txt, torch.tensor(t // 2), _world())  # warm-up
+            times = []
+            for _ in range(reps):
+                dist.barrier()
+                t0 = time.perf_counter()
+                joint_attention(mode, *vis, *txt, torch.tensor(t // 2), _world())
+                times.append(time.perf_counter() - t0)
+            out[mode, v] = times
+    return out
+
+
+def bench_memory(cps, h, t, d, seqs):
+    rows = []
+    for cp in cps:
+        per_rank = run_ranks(_rank_memory, cp, h, t, d, seqs, timeout=600)
+        for v in seqs:
+            row = {"cp": cp, "visual": v, "text": t, "heads": h, "head_dim": d}
+            for mode in MODES:
+                row[f"{mode}_kv_bytes"] = max(r[mode, v] for r in per_rank)
+            rows.append(row)
+    return rows
+
+
+def bench_times(world, h, t, d, seqs, reps):
+    per_rank = run_ranks(_rank_times, world, h, t, d, seqs, reps, timeout=600)
+    rows = []
+    for v in seqs:
+        row = {"cp": world, "visual": v, "text": t, "heads": h, "head_dim": d}
+        for mode in MODES:
+            # a call takes as long as its slowest rank; median over reps
+            row[f"{mode}_ms"] = 1e3 * statistics.median(max(r[mode, v][i] for r in per_rank) for i in range(reps))
+        rows.append(row)
+    return rows
+
+
+def bench_mask(h, t, d, seqs, reps):
+    from kernels.attention_ref import bounded_attention
+
+    rows = []
+    for v in seqs:
+        s, valid = v + t, t // 2
+        g = torch.Generator().manual_seed(1)
+        q, k, kk = (torch.randn(1, h, s, d, generator=g) for _ in range(3))
+        keep = torch.ones(s, dtype=torch.bool)
+        keep[v + valid:] = False  # keys [visual, valid text, padding]
+        mask = keep.expand(s, s)
+        lo, hi = torch.tensor(0), torch.tensor(v + valid)
+
+        def timed(fn):
+            fn()
+            ts = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                fn()
+                ts.append(time.perf_counter() - t0)
+            return 1e3 * statistics.median(ts)
+        bounded_ms = timed(lambda: bounded_attention(q, k, kk, lo, hi))
+        sdpa_ms = timed(lambda: F.scaled_dot_product_attention(q, k, kk, attn_mask=mask))
+        err = (bounded_attention(q, k, kk, lo, hi) - F.scaled_dot_product_attention(q, k, kk, attn_mask=mask)).abs().max().item()
+        rows.append({"seq": s, "heads": h, "head_dim": d, "bounded_ms": bounded_ms, "sdpa_mask_ms": sdpa_ms,
+                     "mask_bytes": mask.numel() * mask.element_size(), "bounds_bytes": 16, "max_abs_diff": err})
+    return rows
+
+
+def _table(rows, cols):
+    head = "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols)
+    fmt = lambda x: f"{x:.3g}" if isinstance(x, float) else str(x)  # noqa: E731
+    return head + "\n" + "\n".join("| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smaller sizes")
+    a = ap.parse_args(argv)
+    h, d = 8, 64
+    mem_seqs, t_mem = ((512, 2048) if a.quick else (1024, 2048, 4096)), 256
+    time_seqs, t_time = ((256,) if a.quick else (256, 1024)), 64
+    mask_seqs = (448, 960) if a.quick else (448, 960, 1984, 3968)
+    torch.set_num_threads(1)
+    result = {"memory": bench_memory((2, 4), 4, t_mem, d, mem_seqs),
+              "times_4_ranks": bench_times(4, h, t_time, d, time_seqs, 3 if a.quick else 5),
+              "mask": bench_mask(h, 64, d, mask_seqs, 3 if a.quick else 5),
+              "torch": torch.__version__, "threads_per_rank": 1}
+    for r in result["memory"]:
+        r["gather_kv/ulysses"] = r["gather_kv_kv_bytes"] / r["ulysses_kv_bytes"]
+        r["gather_kv/ring"] = r["gather_kv_kv_bytes"] / r["ring_kv_bytes"]
+    for r in result["mask"]:
+        r["sdpa/bounded"] = r["sdpa_mask_ms"] / r["bounded_ms"]
+    print(json.dumps(result, indent=1))
+    print("\n### K/V bytes per rank held for attention (measured, fp32, local heads 4, head_dim 64)\n")
+    print(_table(result["memory"], ["cp", "visual", "text", "gather_kv_kv_bytes", "ulysses_kv_bytes",
+                                    "ring_kv_bytes", "gather_kv/ulysses", "gather_kv/ring"]))
+    print("\n### Joint attention time on 4 gloo ranks (ms, median of slowest rank)\n")
+    print(_table(result["times_4_ranks"], ["cp", "visual", "text", "gather_kv_ms", "ulysses_ms", "ring_ms"]))
+    print("\n### Bounded attention vs dense-mask SDPA (single process, 1 thread)\n")
+    print(_table(result["mask"], ["seq", "bounded_ms", "sdpa_mask_ms", "sdpa/bounded", "mask_bytes",
+                                  "bounds_bytes", "max_abs_diff"]))
+
+
+if __name__ == "__main__":
+    main()
