@@ -20,6 +20,9 @@ from typing import Any
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Attrs, Module, Node, Op, thaw
 
+# Bump when materialize_checkpoint writes something different for the same inputs (store key).
+MATERIALIZE_VERSION = 2
+
 # The host pipeline class a family's checkpoint is loaded with (model_index.json `_class_name`).
 PIPELINE_CLASS = {"flux": "FluxPipeline"}
 
@@ -63,7 +66,7 @@ def checkpoint_key(module: Module, seed: int) -> str:
     import torch
     import transformers
 
-    parts: list[Any] = [seed, torch.__version__, diffusers.__version__, transformers.__version__]
+    parts: list[Any] = [MATERIALIZE_VERSION, seed, torch.__version__, diffusers.__version__, transformers.__version__]
     for comp in module.components():
         parts.append([comp.name, comp.attrs.get("class"), comp.attrs.get("subfolder"),
                       thaw(comp.attrs.get("config")), thaw(comp.attrs.get("tokenizer"))])
@@ -86,10 +89,11 @@ def _build_random(comp: Node, seed: int):
 
 
 def _special_ids(config: dict) -> dict[str, int]:
-    """Special token ids from the encoder config (CLIP: pad/bos/eos; T5: pad/eos)."""
+    """Special token ids from the encoder config; bos always gets an id (1 unless the config says)
+    so every tokenizer of a checkpoint shares one vocabulary layout, whether it adds bos or not."""
     ids = {"pad": config.get("pad_token_id", 0), "eos": config.get("eos_token_id", 2)}
-    if config.get("bos_token_id") is not None:
-        ids["bos"] = config["bos_token_id"]
+    bos = config.get("bos_token_id")
+    ids["bos"] = bos if bos is not None else min(set(range(len(ids) + 1)) - set(ids.values()))
     return ids
 
 
@@ -116,16 +120,16 @@ def _word_level_tokenizer(vocab_size: int, special: dict[str, int], clip_style: 
     tok.normalizer = normalizers.Lowercase()
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     eos = (names["eos"], special["eos"])
-    if clip_style and "bos" in special:
+    if clip_style:
         bos = (names["bos"], special["bos"])
         tok.post_processor = processors.TemplateProcessing(
             single=f"{bos[0]} $A {eos[0]}", special_tokens=[bos, eos])
     else:
         tok.post_processor = processors.TemplateProcessing(single=f"$A {eos[0]}", special_tokens=[eos])
-    extra = {"bos_token": names["bos"]} if "bos" in special else {}
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=max_length,
                                    pad_token=names["pad"], eos_token=names["eos"],
-                                   unk_token=names["unk"], padding_side="right", **extra)
+                                   unk_token=names["unk"], bos_token=names["bos"],
+                                   padding_side="right")
     fast.save_pretrained(str(dest))
 
 
@@ -186,6 +190,13 @@ def load_component(node: Node, ckpt_dir: str | os.PathLike):
     path = Path(ckpt_dir) / node.attrs.get("subfolder", node.name)
     if not (path / "config.json").is_file():
         raise DiffletError(f"no checkpoint for component {node.name!r} (missing config.json)", where=path)
+    stated = node.attrs.get("config")
+    try:
+        on_disk = json.loads((path / "config.json").read_text())
+    except json.JSONDecodeError as err:
+        raise DiffletError(f"config.json is not valid JSON: {err}", where=path / "config.json") from None
+    if stated is not None:  # before loading weights: a size mismatch would hide the real cause
+        _check_config(node, stated, lambda key: on_disk.get(key, _ABSENT), path)
     cls = resolve_class(node.attrs["class"], node.loc)
     dtype = getattr(torch, node.attrs.get("dtype", "float32"))
     kwargs = {"dtype": dtype} if _library(node.attrs["class"]) == "transformers" else {"torch_dtype": dtype}
@@ -194,16 +205,23 @@ def load_component(node: Node, ckpt_dir: str | os.PathLike):
     except (OSError, ValueError, RuntimeError, KeyError) as err:
         raise DiffletError(f"cannot load {node.attrs['class']} for component {node.name!r}: {err}",
                            where=path) from None
-    stated = node.attrs.get("config")
-    if stated is not None:
+    if stated is not None:  # keys config.json leaves to class defaults are checked on the instance
         cfg = model.config
-        for key, want in stated.to_python().items():
-            have = cfg.get(key, None) if isinstance(cfg, dict) else getattr(cfg, key, None)
-            if not _same(have, want):
-                raise DiffletError(f"checkpoint config disagrees with the IR for component {node.name!r}: "
-                                   f"{key} is {have!r} in the checkpoint, {want!r} in the IR",
-                                   where=path / "config.json")
+        _check_config(node, stated, lambda key: cfg.get(key, None) if isinstance(cfg, dict)
+                      else getattr(cfg, key, None), path)
     return model.eval()
+
+
+_ABSENT = object()
+
+
+def _check_config(node: Node, stated: Attrs, lookup, path: Path) -> None:
+    for key, want in stated.to_python().items():
+        have = lookup(key)
+        if have is not _ABSENT and not _same(have, want):
+            raise DiffletError(f"checkpoint config disagrees with the IR for component {node.name!r}: "
+                               f"{key} is {have!r} in the checkpoint, {want!r} in the IR",
+                               where=path / "config.json")
 
 
 def resolve_weights(module: Module, spec: str, store_root: str | os.PathLike | None = None) -> Path:

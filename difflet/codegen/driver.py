@@ -20,7 +20,7 @@ from typing import Any, Callable
 from difflet.codegen.artifacts import (FORMAT_VERSION, MANIFEST, MODULE_FILE, program_paths, runtime_json,
                                        schedule_json, sha256_file, value_json)
 from difflet.errors import DiffletError
-from difflet.ir.nodes import Module, thaw
+from difflet.ir.nodes import Module, Op, thaw
 
 
 @dataclass
@@ -40,6 +40,10 @@ def _require_planned(module: Module) -> None:
         if not comp.attrs.get("cache_key"):
             raise DiffletError(f"component {comp.name!r} has no cache_key; run `difflet opt` first",
                                where=comp.loc)
+        for layout in comp.find(Op.LAYOUT):
+            if layout.attrs.get("world", 1) != 1:
+                raise DiffletError(f"component {comp.name!r} is planned for {layout.attrs.get('world')} ranks; "
+                                   "codegen builds single-rank (tp1) programs only so far", where=layout.loc)
 
 
 def _copy_host(ckpt: Path, module: Module, host: Path) -> dict[str, str]:

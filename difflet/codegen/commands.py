@@ -1,0 +1,30 @@
+"""`difflet codegen IN.ir --backend inductor|neuron --weights DIR|random:SEED -o ART [--store DIR]`.
+
+Invariant: torch is imported only inside the command body; every failure is a DiffletError
+(the CLI prints `error: ...` and exits 2).
+"""
+from __future__ import annotations
+
+import click
+
+
+@click.command("codegen")
+@click.argument("ir", type=click.Path(dir_okay=False))
+@click.option("--backend", type=click.Choice(["inductor", "neuron"]), default="inductor", show_default=True,
+              help="inductor: torch.export + AOTInductor (CPU/CUDA); neuron: Trainium2 (needs the Neuron SDK).")
+@click.option("--weights", required=True, metavar="DIR|random:SEED",
+              help="A diffusers-format checkpoint directory, or random:SEED for seeded random weights.")
+@click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Artifact directory.")
+@click.option("--store", type=click.Path(file_okay=False), default=None,
+              help="Program store (default $DIFFLET_STORE, $XDG_CACHE_HOME/difflet/store, ~/.cache/difflet/store).")
+def codegen_cmd(ir: str, backend: str, weights: str, output: str, store: str | None) -> None:
+    """Compile a planned IR's components (reusing the store) into a self-contained artifact directory."""
+    from difflet.codegen.backends import get_backend
+    from difflet.codegen.driver import codegen
+    from difflet.ir.binary import load
+
+    get_backend(backend)  # a missing toolchain fails before anything is read or written
+    codegen(load(ir), weights, output, backend=backend, store=store, log=click.echo)
+
+
+COMMANDS = [codegen_cmd]

@@ -1,0 +1,126 @@
+"""Compiled flux-tiny programs vs the unsplit diffusers/transformers classes; ART verification; reuse."""
+import json
+import shutil
+
+import pytest
+import torch
+
+from difflet.codegen.artifacts import eager_programs, load_artifacts
+from difflet.errors import DiffletError
+
+ATOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def art(flux_tiny_art):
+    return load_artifacts(flux_tiny_art)
+
+
+def _inputs(program, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for v in program.inputs:
+        t = v.type
+        if v.is_runtime:
+            out.append(torch.tensor(t.hi))
+        elif t.dtype == "int64":  # token ids: words, then eos (2), then pad (0)
+            ids = torch.zeros(t.shape, dtype=torch.int64)
+            ids[0, :5] = torch.randint(4, 1000, (5,), generator=g)
+            ids[0, 5] = 2
+            out.append(ids)
+        else:
+            out.append(torch.randn(t.shape, generator=g))
+    return tuple(out)
+
+
+def _reference(name, ckpt, x):
+    import diffusers
+    import transformers
+
+    with torch.no_grad():
+        if name == "transformer":
+            ref = diffusers.FluxTransformer2DModel.from_pretrained(str(ckpt), subfolder=name).eval()
+            return ref(*x[:-1], return_dict=False)[0]  # no valid_text: diffusers attends all text
+        if name == "vae":
+            return diffusers.AutoencoderKL.from_pretrained(str(ckpt), subfolder=name).eval().decode(x[0]).sample
+        if name == "text_encoder":
+            return transformers.CLIPTextModel.from_pretrained(str(ckpt), subfolder=name).eval()(x[0]).pooler_output
+        return transformers.T5EncoderModel.from_pretrained(str(ckpt), subfolder=name).eval()(x[0]).last_hidden_state
+
+
+@pytest.mark.parametrize("name", ["transformer", "vae", "text_encoder", "text_encoder_2"])
+def test_compiled_program_equals_its_class(art, flux_tiny_ckpt, name):
+    program = art.programs[name]
+    x = _inputs(program)
+    (ours,) = program(*x)
+    assert ours.shape == tuple(program.outputs[0].type.shape)
+    torch.testing.assert_close(ours, _reference(name, flux_tiny_ckpt, x), atol=ATOL, rtol=0)
+
+
+def test_compiled_denoiser_takes_valid_text_at_run_time(art, flux_tiny_module, flux_tiny_ckpt):
+    eager = eager_programs(flux_tiny_module, flux_tiny_ckpt)["transformer"]
+    x = _inputs(art.programs["transformer"], seed=1)
+    for valid in (1, 7):
+        x = (*x[:-1], torch.tensor(valid))
+        torch.testing.assert_close(art.programs["transformer"](*x)[0], eager(*x)[0], atol=ATOL, rtol=0)
+
+
+def test_program_refuses_inputs_of_the_wrong_type(art):
+    program = art.programs["transformer"]
+    x = _inputs(program)
+    with pytest.raises(DiffletError, match=r"valid_text must be a 0-d int64 in \[1, 32\]"):
+        program(*x[:-1], torch.tensor(33))
+    with pytest.raises(DiffletError, match="hidden_states must be float32"):
+        program(x[0][:, :5], *x[1:])
+
+
+def test_manifest_describes_the_art(art, flux_tiny_module):
+    m = art.manifest
+    assert set(m["components"]) == {c.name for c in flux_tiny_module.components()}
+    t = m["components"]["transformer"]
+    assert t["cache_key"] == flux_tiny_module.component("transformer").attrs["cache_key"]
+    assert t["inputs"][-1] == {"name": "valid_text", "kind": "runtime", "dtype": "int64", "lo": 1, "hi": 32}
+    assert [s["step"] for s in m["schedule"]][-1] == "flux.decode"
+    assert art.module == flux_tiny_module
+    assert (art.host_dir / "tokenizer_2" / "tokenizer.json").is_file()
+    assert (art.host_dir / "scheduler" / "scheduler_config.json").is_file()
+
+
+def test_second_codegen_compiles_nothing(flux_tiny_module, flux_tiny_ckpt, difflet_test_store, tmp_path):
+    from difflet.codegen.driver import codegen
+
+    lines = []
+    result = codegen(flux_tiny_module, str(flux_tiny_ckpt), tmp_path / "art", store=difflet_test_store,
+                     log=lines.append)
+    assert result.compiled == [] and len(result.reused) == 4
+    assert lines[-1] == "compiled 0, reused 4"
+
+
+def _copy(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_corrupted_weights_are_refused(flux_tiny_art, tmp_path):
+    root = _copy(flux_tiny_art, tmp_path / "art")
+    path = root / "weights" / "vae.rank0.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(DiffletError, match="weights of 'vae' is corrupt") as err:
+        load_artifacts(root)
+    assert str(path) in str(err.value)
+
+
+def test_manifest_with_another_cache_key_is_refused(flux_tiny_art, tmp_path):
+    root = _copy(flux_tiny_art, tmp_path / "art")
+    manifest = json.loads((root / "manifest.json").read_text())
+    manifest["components"]["text_encoder"]["cache_key"] = "0" * 64
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DiffletError, match="program of 'text_encoder' was built for cache key 000000"):
+        load_artifacts(root)
+
+
+def test_not_an_art_dir(tmp_path):
+    with pytest.raises(DiffletError, match="no manifest.json"):
+        load_artifacts(tmp_path)
