@@ -82,7 +82,7 @@ class Program:
         tensors = tuple(torch.tensor(t, dtype=getattr(torch, v.type.dtype)) if isinstance(t, int) else t
                         for t, v in zip(tensors, self.inputs))
         check_inputs(self.node, tensors)
-        with torch.inference_mode():
+        with torch.no_grad():  # not inference_mode: callers may update outputs in place
             return tuple(self._runner(*tensors))
 
     def __repr__(self) -> str:
