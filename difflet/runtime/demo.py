@@ -86,6 +86,19 @@ def stop_server(proc: subprocess.Popen, timeout: float = 30.0) -> int:
     return proc.returncode
 
 
+def quiet_libraries() -> None:
+    """Keep the demo's output to its table: no weight-loading progress bars or library warnings."""
+    import warnings
+
+    import diffusers
+    import transformers
+
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    for lib in (diffusers, transformers):
+        lib.utils.logging.set_verbosity_error()
+        lib.utils.logging.disable_progress_bar()
+
+
 def run_demo(output: Path, prompt: str, store: Path | None, seed: int = 42,
              log: Callable[[str], None] = print) -> DemoReport:
     from difflet.codegen.driver import codegen
@@ -97,6 +110,7 @@ def run_demo(output: Path, prompt: str, store: Path | None, seed: int = 42,
     if not DEMO_DSL.is_file():
         raise DiffletError("the bundled model description is missing", where=str(DEMO_DSL))
     store = Path(store) if store is not None else default_store_dir()
+    quiet_libraries()
     report = DemoReport()
     with _Timer(report, "lower"):
         module = lower_file(str(DEMO_DSL))
