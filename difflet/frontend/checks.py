@@ -103,12 +103,13 @@ def check_decoder(src: Source, comp: ast.ComponentDecl, config: Attrs | None,
                         f"latent_channels is {latent}", decl.span)
 
 
-def check_attention(src: Source, site: ast.AttentionDecl, heads: int, head_dim: int,
+def check_attention(src: Source, site: ast.AttentionDecl, values: Mapping[str, Any],
                     config: Attrs | None) -> None:
     """Declared heads/head_dim must match num_attention_heads/attention_head_dim when given."""
     cfg = config or Attrs()
-    for key, got in (("num_attention_heads", heads), ("attention_head_dim", head_dim)):
+    spans = {key: span for key, _, span in site.fields}
+    for field, key in (("heads", "num_attention_heads"), ("head_dim", "attention_head_dim")):
         want = cfg.get(key)
-        if isinstance(want, int) and got != want:
-            raise src.error(f"attention site {site.pattern!r} declares {got} but the config's {key} "
-                            f"is {want}", site.span)
+        if isinstance(want, int) and values[field] != want:
+            raise src.error(f"attention site {site.pattern!r} declares {field} {values[field]} but "
+                            f"the config's {key} is {want}", spans[field])

@@ -48,11 +48,31 @@ def resolve_class(qualname: str) -> type:
     return found
 
 
+def _is_diffusers_model(cls: type) -> bool:
+    return hasattr(cls, "from_config") and hasattr(cls, "config_name")
+
+
+def config_keys(cls: type) -> frozenset[str] | None:
+    """The config parameters `cls` accepts, or None when it accepts any key.
+
+    diffusers' from_config silently drops keys that are not __init__ parameters, so those are
+    checked; transformers configs keep every keyword as an attribute, so any key is accepted.
+    """
+    import inspect
+
+    if not _is_diffusers_model(cls):
+        return None
+    params = inspect.signature(cls.__init__).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return None
+    return frozenset(params) - {"self"}
+
+
 def _instantiate_meta(cls: type, config: dict[str, Any]):
     import torch
 
     with torch.device("meta"):
-        if hasattr(cls, "from_config") and hasattr(cls, "config_name"):  # diffusers ModelMixin
+        if _is_diffusers_model(cls):
             return cls.from_config(config)
         config_class = getattr(cls, "config_class", None)
         if config_class is None:

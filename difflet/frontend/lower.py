@@ -14,7 +14,7 @@ from typing import Any
 
 from difflet.errors import DiffletError
 from difflet.frontend import ast, checks
-from difflet.frontend.classes import ClassError, count_params, resolve_class
+from difflet.frontend.classes import ClassError, config_keys, count_params, resolve_class
 from difflet.frontend.parse import parse_text
 from difflet.frontend.profile import apply_overrides
 from difflet.frontend.shapes import Evaluator, Source, resolve_dtype
@@ -115,6 +115,7 @@ class _Lowering:
         if c.tokenizer is not None:
             attrs.append(("tokenizer", self.tokenizer(c)))
         if config is not None:
+            self.check_config_keys(cls, c)
             try:
                 counts = count_params(c.qualname, config)
             except ClassError as err:
@@ -131,6 +132,12 @@ class _Lowering:
         if c.role == "decoder":
             checks.check_decoder(self.src, c, config, shapes)
         return Node(Op.COMPONENT, c.name, Attrs(attrs), body=tuple(body), loc=self.src.loc(c.span))
+
+    def check_config_keys(self, cls: type, c: ast.ComponentDecl) -> None:
+        known = config_keys(cls)
+        for entry in c.config.entries:
+            if known is not None and entry.key not in known:
+                raise self.error(f"{c.qualname} has no config parameter {entry.key!r}", entry.span)
 
     def settings(self, c: ast.ComponentDecl) -> dict[str, tuple[str, ast.Span]]:
         found: dict[str, tuple[str, ast.Span]] = {}
@@ -198,7 +205,7 @@ class _Lowering:
         missing = [k for k in ATTENTION_REQUIRED[a.kind] if k not in fields]
         if missing:
             raise self.error(f"{a.kind} attention site needs {', '.join(missing)}", a.span)
-        checks.check_attention(self.src, a, fields["heads"], fields["head_dim"], config)
+        checks.check_attention(self.src, a, fields, config)
         attrs = [("kind", a.kind)] + [(k, fields[k]) for k in ATTENTION_FIELDS if k in fields]
         return Node(Op.ATTENTION, a.pattern, Attrs(attrs), loc=self.src.loc(a.span))
 

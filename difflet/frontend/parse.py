@@ -92,8 +92,14 @@ class _ToAst(Transformer):
     def list(self, meta, c):
         return ast.ListV(tuple(v for v in c if v is not None), _span(meta))
 
+    def key(self, meta, c):
+        return str(c[0])
+
+    def role(self, meta, c):
+        return str(c[0])
+
     def entry_kv(self, meta, c):
-        return ast.MapEntry(str(c[0]), c[1], _span(meta))
+        return ast.MapEntry(c[0], c[1], _span(meta))
 
     def map(self, meta, c):
         return ast.MapV(tuple(e for e in c if e is not None), _span(meta))

@@ -26,8 +26,11 @@ class Source:
         return Loc(self.path, span.line, span.col)
 
     def snippet(self, span: ast.Span) -> str:
+        """The span's text on one line; a multi-line span shows its first line only."""
         piece = self.text[span.start:span.end]
-        return " ".join(piece.split())  # one line, whitespace collapsed
+        if "\n" in piece.strip():
+            return self.text.splitlines()[span.line - 1].strip() + " ..."
+        return " ".join(piece.split())
 
     def error(self, message: str, span: ast.Span) -> DiffletError:
         return DiffletError(message, where=self.loc(span), snippet=self.snippet(span))
