@@ -138,3 +138,36 @@ def test_runtime_rejects_a_missing_artifact_dir(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("error: ")
     assert "Traceback" not in proc.stderr and "listening on" not in proc.stdout
+
+
+def test_health_is_not_serving_until_warm_up_passed(flux_tiny_module, flux_tiny_ckpt):
+    """In-process server whose runner loading is held on an event: health and Generate must say
+    'not yet' while loading, and SERVING only after load() ran the checked warm-up."""
+    import threading
+
+    from difflet.codegen.artifacts import eager_programs
+    from difflet.runtime.runner import ModelRunner
+    from difflet.runtime.service import DiffletServer
+
+    release = threading.Event()
+
+    def load_runner():
+        release.wait()
+        return ModelRunner(flux_tiny_module, eager_programs(flux_tiny_module, flux_tiny_ckpt), flux_tiny_ckpt)
+
+    srv = DiffletServer(load_runner)
+    address = f"127.0.0.1:{srv.start()}"
+    loader = threading.Thread(target=srv.load)
+    loader.start()
+    try:
+        assert client.health_status(address) == "NOT_SERVING"
+        with pytest.raises(grpc.RpcError) as err:
+            client.generate(address, "a red fox", 1, timeout=30)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        release.set()
+        client.wait_serving(address, timeout=120)
+        assert client.health_status(address) == "SERVING"
+    finally:
+        release.set()
+        loader.join()
+        srv.stop(grace=0)
