@@ -10,6 +10,10 @@ Invariants:
   degrees: torch.distributed requires every rank to create every subgroup, in the same order.
   It returns this rank's group handle for each axis (a 1-rank group when the degree is 1, so
   callers never special-case; the collectives in this package short-circuit size-1 groups).
+- Group names are torch's creation counter, and an exported/AOTInductor program bakes in the
+  name of each group it communicates over (checked: the cp group of cp2 is "5"). So a process
+  that loads compiled programs must call `make_groups` with the same config right after
+  init_process_group, before creating any other group, to get the same names.
 """
 from __future__ import annotations
 

@@ -24,7 +24,9 @@ Modes:
 - gather_kv: all-gather visual K/V, local queries vs [all visual, text]. Text outputs bitwise
              identical across ranks.
 `report`, if given, receives `kv_bytes`: the most K/V bytes the mode holds at once for its
-kernel calls (measured from the tensors, for bench/parallel.py).
+kernel calls, i.e. the K/V operands of a call plus a ring's in-flight receive block (measured
+from the tensors, for bench/parallel.py). Collective receive buffers are dropped once copied
+into those operands, so they are not held during the kernel call.
 """
 from __future__ import annotations
 
@@ -65,6 +67,7 @@ def ulysses(q_vis, k_vis, v_vis, q_txt, k_txt, v_txt, valid_text, group, report=
     q = torch.cat([q, q_txt[:, heads]], dim=2)
     k = torch.cat([k, k_txt[:, heads]], dim=2)
     v = torch.cat([v, v_txt[:, heads]], dim=2)
+    del got  # the receive buffer is copied into q/k/v: release it before attention
     _note(report, _nbytes(k, v))
     lo, hi = _bounds(valid_text, n * vl, q)
     out = bounded_attention(q, k, v, lo, hi)  # [B, hc, V + T, D]
@@ -112,11 +115,13 @@ def gather_kv(q_vis, k_vis, v_vis, q_txt, k_txt, v_txt, valid_text, group, repor
     """Joint attention after all-gathering visual K/V (see module docstring)."""
     vl = q_vis.shape[2]
     kv = comm.all_gather(torch.stack([k_vis, v_vis]), 3, group)  # [2, B, H, V, D]
+    n_vis = kv.shape[3]
     k = torch.cat([kv[0], k_txt], dim=2)
     v = torch.cat([kv[1], v_txt], dim=2)
+    del kv  # copied into k/v: release the receive buffer before attention
     _note(report, _nbytes(k, v))
     q = torch.cat([q_vis, q_txt], dim=2)
-    lo, hi = _bounds(valid_text, kv.shape[3], q)
+    lo, hi = _bounds(valid_text, n_vis, q)
     out = bounded_attention(q, k, v, lo, hi)
     return out[:, :, :vl], out[:, :, vl:]
 
