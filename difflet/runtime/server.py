@@ -19,8 +19,8 @@ import click
 from difflet.errors import DiffletError
 
 
-class _Interrupted(Exception):
-    """A stop signal that arrived before the server was SERVING."""
+class _Interrupted(BaseException):
+    """A stop signal before SERVING; a BaseException so loaders' `except Exception` let it pass."""
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
