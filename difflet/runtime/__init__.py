@@ -1,0 +1,7 @@
+"""The host runtime: the IR's schedule executed over compiled programs, served over gRPC.
+
+Layers, each usable without the next: `schedule` (+ `host/` steps by family) runs one request;
+`runner.ModelRunner` loads ART/ once and serialises requests; `service` exposes it as
+difflet.v1.Difflet with health and reflection; `server` is the `difflet-runtime` process;
+`client`/`commands` are the `difflet generate`/`difflet demo` side.
+"""
