@@ -119,7 +119,7 @@ class _Lowering:
             try:
                 counts = count_params(c.qualname, config)
             except ClassError as err:
-                raise self.error(str(err), c.config.span) from None
+                raise self.error(str(err), c.qualname_span) from None
             attrs += [("params", counts.params), ("params_blocks_linear", counts.params_blocks_linear),
                       ("num_blocks", counts.num_blocks)]
         shapes: dict[str, tuple[int, ...]] = {}

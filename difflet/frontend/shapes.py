@@ -29,7 +29,8 @@ class Source:
         """The span's text on one line; a multi-line span shows its first line only."""
         piece = self.text[span.start:span.end]
         if "\n" in piece.strip():
-            return self.text.splitlines()[span.line - 1].strip() + " ..."
+            first = self.text.splitlines()[span.line - 1][span.col - 1:]
+            return " ".join(first.split()) + " ..."
         return " ".join(piece.split())
 
     def error(self, message: str, span: ast.Span) -> DiffletError:
