@@ -36,8 +36,8 @@ def _register() -> None:
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as err:
-            if err.name != module:
-                raise
+            if err.name is None or not module.startswith(err.name):
+                raise  # a missing dependency inside an existing module is a real error
             continue
         for cmd in getattr(mod, "COMMANDS", ()):
             main.add_command(cmd)
