@@ -126,10 +126,10 @@ class _ToAst(Transformer):
                                _string(doc) if doc is not None else "", _span(meta))
 
     def config_inline(self, meta, c):
-        return ("config", c[0])
+        return ("config", c[0], _span(meta))
 
     def config_checkpoint(self, meta, c):
-        return ("config", None)
+        return ("config", None, _span(meta))
 
     def setting(self, meta, c):
         return ast.Setting(str(c[0]), str(c[1]), _span(meta))
@@ -171,12 +171,19 @@ class _ToAst(Transformer):
 
     def component(self, meta, c):
         role, name, (qualname, qspan), subfolder, *items = c
-        config = [i[1] for i in items if isinstance(i, tuple) and i[0] == "config"]
+        config = [i for i in items if isinstance(i, tuple) and i[0] == "config"]
         pick = lambda cls: tuple(i for i in items if isinstance(i, cls))  # noqa: E731
         toks = pick(ast.TokenizerDecl)
+        if not config:
+            raise _Located(f"component {name} needs `config {{ ... }}` or `config from checkpoint`",
+                           _span(meta))
+        if len(config) > 1:
+            raise _Located("a component has one config; this is a second", config[1][2])
+        if len(toks) > 1:
+            raise _Located("a component has one tokenizer; this is a second", toks[1].span)
         return ast.ComponentDecl(
             role=str(role), name=str(name), qualname=qualname, qualname_span=qspan,
-            subfolder=_string(subfolder), config=config[0] if config else None,
+            subfolder=_string(subfolder), config=config[0][1],
             settings=pick(ast.Setting), tokenizer=toks[0] if toks else None,
             inputs=pick(ast.InputDecl), outputs=pick(ast.OutputDecl),
             attentions=pick(ast.AttentionDecl), span=_span(meta))
@@ -189,6 +196,14 @@ class _ToAst(Transformer):
 
     def schedule(self, meta, c):
         return ("schedule", tuple(c), _span(meta))
+
+
+class _Located(Exception):
+    """A structural mistake found while building the AST; parse_text locates it."""
+
+    def __init__(self, message: str, span: ast.Span) -> None:
+        super().__init__(message)
+        self.message, self.span = message, span
 
 
 def _line_of(text: str, line: int) -> str:
@@ -204,8 +219,15 @@ def parse_text(text: str, file: str = "<string>") -> ast.ModelDecl:
         raise DiffletError(_syntax_message(err), where=Loc(file, err.line, err.column),
                            snippet=_line_of(text, err.line)) from None
     head, *items = tree.children
-    head = _ToAst().transform(head)
-    items = [_ToAst().transform(i) for i in items]
+    try:
+        head = _ToAst().transform(head)
+        items = [_ToAst().transform(i) for i in items]
+    except lark.exceptions.VisitError as err:
+        if isinstance(err.orig_exc, _Located):
+            sp = err.orig_exc.span
+            raise DiffletError(err.orig_exc.message, where=Loc(file, sp.line, sp.col),
+                               snippet=_line_of(text, sp.line)) from None
+        raise
     profile_items = [i[1] for i in items if isinstance(i, tuple) and i[0] == "profile"]
     params = tuple(p for group in profile_items for p in group)
     schedules = [i for i in items if isinstance(i, tuple) and i[0] == "schedule"]
