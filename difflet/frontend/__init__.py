@@ -1,0 +1,29 @@
+"""The frontend: model-description DSL (grammars/difflet.lark) -> AST -> pipeline IR.
+
+Entry point: `difflet.frontend.lower.lower_file(path, overrides=None) -> Module` (CLI
+`difflet lower FILE.dsl [--profile k=v,...] [-o OUT.ir]`). Modules, one idea each:
+parse.py (text -> ast.py dataclasses), profile.py (defaults + overrides), shapes.py
+(expression evaluation, dtypes), classes.py (class lookup, meta-device parameter counts),
+checks.py (shapes vs configs and profile), lower.py (AST -> IR), commands.py (CLI).
+
+The DSL in one screen (see models/flux.dsl for a full example):
+
+    model NAME family FAMILY
+    profile { height = 1024  dtype = bfloat16 ... }          # overridable defaults
+    runtime NAME: int64 in [LO, HI] default EXPR [doc "..."]  # crosses in per request/step
+    ROLE NAME = diffusers.Class from "subfolder" {            # ROLE: encoder|denoiser|decoder
+        config { key: value, ... }  |  config from checkpoint
+        entry METHOD                 # default forward
+        dtype DTYPE_OR_PROFILE_NAME  # default: the profile's `dtype`
+        tokenizer transformers.Class from "subfolder" max_length EXPR   # encoders
+        input NAME: DTYPE[EXPR, ...]   |   input NAME: runtime RUNTIME_NAME
+        output NAME: DTYPE[EXPR, ...] select "field" | INDEX
+        attention "glob.*.attn": joint|self|cross heads E head_dim E
+            order (text, visual) text_mask BOOL valid RUNTIME_NAME        # denoisers
+    }
+    schedule { family.step(component, ...) { key: value, ... } ... }
+
+Values: numbers, "strings", true/false/null, [lists], { maps }, `pkg.Class { config }`
+(-> {class, config}), and integer expressions over profile parameters with + - * / // **
+and parentheses, where `/` must divide exactly.
+"""
