@@ -53,9 +53,17 @@ class FluxBoundedAttnProcessor:
     already-concatenated [text, visual] sequence). `valid_text` arrives via joint_attention_kwargs.
     """
 
+    fixed_text_len = False  # split layouts: the text stream may be an SP token shard, T is static
+
     def __init__(self, text_len: int, text_first: bool = True) -> None:
         self.text_len = text_len
         self.text_first = text_first
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, text_len: int,
+               valid_text: torch.Tensor | None) -> torch.Tensor:
+        """[B, H, S, D] joint q/k/v in the model's order -> output in query order (the one call
+        a split layout replaces)."""
+        return joint_bounded_attention(q, k, v, text_len, valid_text, self.text_first)
 
     def __call__(self, attn, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor = None,
                  attention_mask: torch.Tensor | None = None, image_rotary_emb=None,
@@ -81,9 +89,9 @@ class FluxBoundedAttnProcessor:
             query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
             key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
 
-        text_len = encoder_hidden_states.shape[1] if encoder_hidden_states is not None else self.text_len
-        out = joint_bounded_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                                      text_len, valid_text, self.text_first)
+        text_len = self.text_len if self.fixed_text_len or encoder_hidden_states is None \
+            else encoder_hidden_states.shape[1]
+        out = self.attend(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), text_len, valid_text)
         hidden_states = out.transpose(1, 2).flatten(2, 3).to(query.dtype)
 
         if encoder_hidden_states is not None:
