@@ -1,0 +1,123 @@
+"""Step-cache mode strings -> `CacheMode`, validated; the one syntax of server flags and requests.
+
+Syntax (the `cache` field of a request, `--cache` of a server):
+  off
+  cadence:N                       N in [2, 100]: in the cacheable window, one full step then N-1 cached
+  online-delta[:ALPHA]            ALPHA in (0, 10], default 0.6
+  calibrated:FILE[:THRESHOLD][:step|accumulate]
+                                  FILE from `difflet calibrate`; THRESHOLD > 0 overrides the file's;
+                                  step/accumulate overrides how estimates meet the threshold
+Invariants:
+- Every rejection is a DiffletError whose `where` is the field name given (default "cache") and
+  whose message starts with it, like request validation.
+- A mode is a runtime setting: nothing here reaches a compiled program or a cache key.
+- The initial and final full steps (default 5 and 5) are part of the mode, the same for all.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from difflet.errors import DiffletError
+
+KINDS = ("off", "cadence", "online-delta", "calibrated")
+DEFAULT_ALPHA = 0.6
+DEFAULT_KEEP = (5, 5)
+MAX_CADENCE = 100
+MAX_ALPHA = 10.0
+
+
+@dataclass(frozen=True)
+class CacheMode:
+    kind: str = "off"
+    cadence: int = 0
+    alpha: float = 0.0
+    calibration: str = ""          # calibration file path (calibrated)
+    threshold: float | None = None  # None: the calibration file's
+    accumulate: bool | None = None  # None: the calibration file's
+    initial: int = DEFAULT_KEEP[0]
+    final: int = DEFAULT_KEEP[1]
+
+    @property
+    def off(self) -> bool:
+        return self.kind == "off"
+
+    def spec(self) -> str:
+        """The canonical mode string (parses back to an equal mode, keep counts aside)."""
+        if self.kind == "cadence":
+            return f"cadence:{self.cadence}"
+        if self.kind == "online-delta":
+            return f"online-delta:{self.alpha:g}"
+        if self.kind == "calibrated":
+            parts = [f"calibrated:{self.calibration}"]
+            if self.threshold is not None:
+                parts.append(f"{self.threshold:g}")
+            if self.accumulate is not None:
+                parts.append("accumulate" if self.accumulate else "step")
+            return ":".join(parts)
+        return "off"
+
+
+def _fail(field: str, message: str) -> DiffletError:
+    return DiffletError(f"{field}: {message}", where=field)
+
+
+def _number(field: str, text: str, what: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise _fail(field, f"{what} {text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise _fail(field, f"{what} {text!r} must be finite")
+    return value
+
+
+def parse_mode(text: str | None, field: str = "cache", initial: int = DEFAULT_KEEP[0],
+               final: int = DEFAULT_KEEP[1]) -> CacheMode:
+    """Parse and range-check one mode string (None or "" = off)."""
+    if initial < 0 or final < 0:
+        raise _fail(field, f"initial/final full steps must be >= 0, got {initial}/{final}")
+    text = (text or "off").strip()
+    kind, _, rest = text.partition(":")
+    if kind == "off" and not rest:
+        return CacheMode(initial=initial, final=final)
+    if kind == "cadence":
+        try:
+            n = int(rest)
+        except ValueError:
+            raise _fail(field, f"cadence needs an integer interval, as in cadence:2, got {text!r}") from None
+        if not 2 <= n <= MAX_CADENCE:
+            raise _fail(field, f"cadence interval {n} is outside [2, {MAX_CADENCE}]")
+        return CacheMode("cadence", cadence=n, initial=initial, final=final)
+    if kind == "online-delta":
+        alpha = DEFAULT_ALPHA if not rest else _number(field, rest, "online-delta alpha")
+        if not 0 < alpha <= MAX_ALPHA:
+            raise _fail(field, f"online-delta alpha {alpha:g} is outside (0, {MAX_ALPHA:g}]")
+        return CacheMode("online-delta", alpha=alpha, initial=max(initial, 2), final=final)
+    if kind == "calibrated":
+        return _calibrated(field, text, rest, initial, final)
+    raise _fail(field, f"unknown cache mode {text!r}; expected off, cadence:N, online-delta[:ALPHA] "
+                       "or calibrated:FILE[:THRESHOLD][:step|accumulate]")
+
+
+def _calibrated(field: str, text: str, rest: str, initial: int, final: int) -> CacheMode:
+    parts = rest.split(":")
+    accumulate = None
+    if parts and parts[-1] in ("step", "accumulate"):
+        accumulate = parts.pop() == "accumulate"
+    threshold = None
+    if len(parts) >= 2:
+        try:
+            threshold = float(parts[-1])
+        except ValueError:
+            threshold = None  # a ':' inside the file name
+        else:
+            parts.pop()
+            if not math.isfinite(threshold) or threshold <= 0:
+                raise _fail(field, f"calibrated threshold {threshold:g} must be finite and > 0")
+    path = ":".join(parts)
+    if not path:
+        raise _fail(field, f"calibrated needs a calibration file, as in calibrated:cal.json, got {text!r}")
+    # the probe's first score of a request compares with the previous request: never read it
+    return CacheMode("calibrated", calibration=path, threshold=threshold, accumulate=accumulate,
+                     initial=max(initial, 2), final=final)
