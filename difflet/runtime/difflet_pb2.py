@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x64ifflet/runtime/difflet.proto\x12\ndifflet.v1\"\xa4\x01\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x0c\n\x04seed\x18\x02 \x01(\x03\x12\x12\n\x05steps\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12\x15\n\x08guidance\x18\x04 \x01(\x01H\x01\x88\x01\x01\x12\x0e\n\x06height\x18\x06 \x01(\x05\x12\r\n\x05width\x18\x07 \x01(\x05\x12\x12\n\nrequest_id\x18\x08 \x01(\tB\x08\n\x06_stepsB\x0b\n\t_guidance\"U\n\x07Timings\x12\x11\n\tencode_ms\x18\x01 \x01(\x01\x12\x12\n\ndenoise_ms\x18\x02 \x01(\x01\x12\x11\n\tdecode_ms\x18\x03 \x01(\x01\x12\x10\n\x08total_ms\x18\x04 \x01(\x01\"\xa4\x01\n\rGenerateReply\x12\x0b\n\x03png\x18\x01 \x01(\x0c\x12\x0c\n\x04seed\x18\x02 \x01(\x03\x12\r\n\x05steps\x18\x03 \x01(\x05\x12$\n\x07timings\x18\x04 \x01(\x0b\x32\x13.difflet.v1.Timings\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x10\n\x08guidance\x18\x06 \x01(\x01\x12\x0e\n\x06height\x18\x07 \x01(\x05\x12\r\n\x05width\x18\x08 \x01(\x05\"\x13\n\x11GetProfileRequest\"\x9c\x02\n\x07Profile\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x02 \x01(\t\x12\x0e\n\x06height\x18\x03 \x01(\x05\x12\r\n\x05width\x18\x04 \x01(\x05\x12\r\n\x05steps\x18\x05 \x01(\x05\x12\x10\n\x08guidance\x18\x06 \x01(\x01\x12\x10\n\x08max_text\x18\x07 \x01(\x05\x12\r\n\x05\x64type\x18\x08 \x01(\t\x12\x10\n\x08parallel\x18\t \x01(\t\x12\x0e\n\x06target\x18\n \x01(\t\x12\x12\n\ncomponents\x18\x0b \x03(\t\x12-\n\x05\x61ttrs\x18\x0c \x03(\x0b\x32\x1e.difflet.v1.Profile.AttrsEntry\x1a,\n\nAttrsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x32\x8f\x01\n\x07\x44ifflet\x12\x42\n\x08Generate\x12\x1b.difflet.v1.GenerateRequest\x1a\x19.difflet.v1.GenerateReply\x12@\n\nGetProfile\x12\x1d.difflet.v1.GetProfileRequest\x1a\x13.difflet.v1.Profileb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x64ifflet/runtime/difflet.proto\x12\ndifflet.v1\"\xb3\x01\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x0c\n\x04seed\x18\x02 \x01(\x03\x12\x12\n\x05steps\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12\x15\n\x08guidance\x18\x04 \x01(\x01H\x01\x88\x01\x01\x12\x0e\n\x06height\x18\x06 \x01(\x05\x12\r\n\x05width\x18\x07 \x01(\x05\x12\x12\n\nrequest_id\x18\x08 \x01(\t\x12\r\n\x05\x63\x61\x63he\x18\t \x01(\tB\x08\n\x06_stepsB\x0b\n\t_guidance\"g\n\x07Timings\x12\x11\n\tencode_ms\x18\x01 \x01(\x01\x12\x12\n\ndenoise_ms\x18\x02 \x01(\x01\x12\x11\n\tdecode_ms\x18\x03 \x01(\x01\x12\x10\n\x08total_ms\x18\x04 \x01(\x01\x12\x10\n\x08queue_ms\x18\x05 \x01(\x01\"\x85\x02\n\rGenerateReply\x12\x0b\n\x03png\x18\x01 \x01(\x0c\x12\x0c\n\x04seed\x18\x02 \x01(\x03\x12\r\n\x05steps\x18\x03 \x01(\x05\x12$\n\x07timings\x18\x04 \x01(\x0b\x32\x13.difflet.v1.Timings\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x10\n\x08guidance\x18\x06 \x01(\x01\x12\x0e\n\x06height\x18\x07 \x01(\x05\x12\r\n\x05width\x18\x08 \x01(\x05\x12\x14\n\x0c\x63\x61\x63hed_steps\x18\t \x01(\x05\x12\x16\n\x0e\x64\x65noiser_calls\x18\n \x01(\x05\x12\r\n\x05\x63\x61\x63he\x18\x0b \x01(\t\x12\x11\n\tmodel_pid\x18\x0c \x01(\x05\x12\x0f\n\x07replica\x18\r \x01(\x05\".\n\x06Queued\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08position\x18\x02 \x01(\x05\"^\n\x08Progress\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x05\x12\r\n\x05total\x18\x03 \x01(\x05\x12\x0e\n\x06\x63\x61\x63hed\x18\x04 \x01(\x08\x12\x11\n\tmodel_pid\x18\x05 \x01(\x05\"\x95\x01\n\rGenerateEvent\x12$\n\x06queued\x18\x01 \x01(\x0b\x32\x12.difflet.v1.QueuedH\x00\x12(\n\x08progress\x18\x02 \x01(\x0b\x32\x14.difflet.v1.ProgressH\x00\x12+\n\x06result\x18\x03 \x01(\x0b\x32\x19.difflet.v1.GenerateReplyH\x00\x42\x07\n\x05\x65vent\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"+\n\x0b\x43\x61ncelReply\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\r\n\x05state\x18\x02 \x01(\t\"\x13\n\x11GetProfileRequest\"\x80\x01\n\x0cModelProcess\x12\x0f\n\x07replica\x18\x01 \x01(\x05\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0e\n\x06served\x18\x04 \x01(\x03\x12\x10\n\x08\x63ompiles\x18\x05 \x01(\x03\x12\x12\n\ngeneration\x18\x06 \x01(\x05\x12\r\n\x05\x65rror\x18\x07 \x01(\t\"\xa4\x01\n\x0cServingState\x12+\n\tprocesses\x18\x01 \x03(\x0b\x32\x18.difflet.v1.ModelProcess\x12\x12\n\nqueue_size\x18\x02 \x01(\x05\x12\x13\n\x0bqueue_depth\x18\x03 \x01(\x05\x12\x12\n\nrecoveries\x18\x04 \x01(\x03\x12\x19\n\x11request_timeout_s\x18\x05 \x01(\x01\x12\x0f\n\x07grace_s\x18\x06 \x01(\x01\"\xed\x02\n\x07Profile\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x02 \x01(\t\x12\x0e\n\x06height\x18\x03 \x01(\x05\x12\r\n\x05width\x18\x04 \x01(\x05\x12\r\n\x05steps\x18\x05 \x01(\x05\x12\x10\n\x08guidance\x18\x06 \x01(\x01\x12\x10\n\x08max_text\x18\x07 \x01(\x05\x12\r\n\x05\x64type\x18\x08 \x01(\t\x12\x10\n\x08parallel\x18\t \x01(\t\x12\x0e\n\x06target\x18\n \x01(\t\x12\x12\n\ncomponents\x18\x0b \x03(\t\x12-\n\x05\x61ttrs\x18\x0c \x03(\x0b\x32\x1e.difflet.v1.Profile.AttrsEntry\x12\r\n\x05\x63\x61\x63he\x18\r \x01(\t\x12\x15\n\rprompt_tokens\x18\x0e \x01(\x05\x12)\n\x07serving\x18\x0f \x01(\x0b\x32\x18.difflet.v1.ServingState\x1a,\n\nAttrsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x32\x99\x02\n\x07\x44ifflet\x12\x42\n\x08Generate\x12\x1b.difflet.v1.GenerateRequest\x1a\x19.difflet.v1.GenerateReply\x12J\n\x0eGenerateStream\x12\x1b.difflet.v1.GenerateRequest\x1a\x19.difflet.v1.GenerateEvent0\x01\x12<\n\x06\x43\x61ncel\x12\x19.difflet.v1.CancelRequest\x1a\x17.difflet.v1.CancelReply\x12@\n\nGetProfile\x12\x1d.difflet.v1.GetProfileRequest\x1a\x13.difflet.v1.Profileb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,17 +34,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PROFILE_ATTRSENTRY']._loaded_options = None
   _globals['_PROFILE_ATTRSENTRY']._serialized_options = b'8\001'
   _globals['_GENERATEREQUEST']._serialized_start=46
-  _globals['_GENERATEREQUEST']._serialized_end=210
-  _globals['_TIMINGS']._serialized_start=212
-  _globals['_TIMINGS']._serialized_end=297
-  _globals['_GENERATEREPLY']._serialized_start=300
-  _globals['_GENERATEREPLY']._serialized_end=464
-  _globals['_GETPROFILEREQUEST']._serialized_start=466
-  _globals['_GETPROFILEREQUEST']._serialized_end=485
-  _globals['_PROFILE']._serialized_start=488
-  _globals['_PROFILE']._serialized_end=772
-  _globals['_PROFILE_ATTRSENTRY']._serialized_start=728
-  _globals['_PROFILE_ATTRSENTRY']._serialized_end=772
-  _globals['_DIFFLET']._serialized_start=775
-  _globals['_DIFFLET']._serialized_end=918
+  _globals['_GENERATEREQUEST']._serialized_end=225
+  _globals['_TIMINGS']._serialized_start=227
+  _globals['_TIMINGS']._serialized_end=330
+  _globals['_GENERATEREPLY']._serialized_start=333
+  _globals['_GENERATEREPLY']._serialized_end=594
+  _globals['_QUEUED']._serialized_start=596
+  _globals['_QUEUED']._serialized_end=642
+  _globals['_PROGRESS']._serialized_start=644
+  _globals['_PROGRESS']._serialized_end=738
+  _globals['_GENERATEEVENT']._serialized_start=741
+  _globals['_GENERATEEVENT']._serialized_end=890
+  _globals['_CANCELREQUEST']._serialized_start=892
+  _globals['_CANCELREQUEST']._serialized_end=927
+  _globals['_CANCELREPLY']._serialized_start=929
+  _globals['_CANCELREPLY']._serialized_end=972
+  _globals['_GETPROFILEREQUEST']._serialized_start=974
+  _globals['_GETPROFILEREQUEST']._serialized_end=993
+  _globals['_MODELPROCESS']._serialized_start=996
+  _globals['_MODELPROCESS']._serialized_end=1124
+  _globals['_SERVINGSTATE']._serialized_start=1127
+  _globals['_SERVINGSTATE']._serialized_end=1291
+  _globals['_PROFILE']._serialized_start=1294
+  _globals['_PROFILE']._serialized_end=1659
+  _globals['_PROFILE_ATTRSENTRY']._serialized_start=1615
+  _globals['_PROFILE_ATTRSENTRY']._serialized_end=1659
+  _globals['_DIFFLET']._serialized_start=1662
+  _globals['_DIFFLET']._serialized_end=1943
 # @@protoc_insertion_point(module_scope)

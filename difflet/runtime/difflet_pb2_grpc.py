@@ -39,6 +39,16 @@ class DiffletStub:
                 request_serializer=difflet_dot_runtime_dot_difflet__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=difflet_dot_runtime_dot_difflet__pb2.GenerateReply.FromString,
                 _registered_method=True)
+        self.GenerateStream = channel.unary_stream(
+                '/difflet.v1.Difflet/GenerateStream',
+                request_serializer=difflet_dot_runtime_dot_difflet__pb2.GenerateRequest.SerializeToString,
+                response_deserializer=difflet_dot_runtime_dot_difflet__pb2.GenerateEvent.FromString,
+                _registered_method=True)
+        self.Cancel = channel.unary_unary(
+                '/difflet.v1.Difflet/Cancel',
+                request_serializer=difflet_dot_runtime_dot_difflet__pb2.CancelRequest.SerializeToString,
+                response_deserializer=difflet_dot_runtime_dot_difflet__pb2.CancelReply.FromString,
+                _registered_method=True)
         self.GetProfile = channel.unary_unary(
                 '/difflet.v1.Difflet/GetProfile',
                 request_serializer=difflet_dot_runtime_dot_difflet__pb2.GetProfileRequest.SerializeToString,
@@ -50,15 +60,29 @@ class DiffletServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Generate(self, request, context):
-        """One image, run to completion. Validation errors are INVALID_ARGUMENT naming the field.
+        """One image, run to completion.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GenerateStream(self, request, context):
+        """The same request, answered as a stream: one Queued event at admission, one Progress event
+        after every denoising step, then exactly one result (or an error status).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Cancel(self, request, context):
+        """Cancel a queued or running request by its request_id; its call ends with CANCELLED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetProfile(self, request, context):
-        """The serving profile the loaded artifacts were compiled for.
-        Reserved for later issues (same request type): GenerateStream (progress per step), Cancel.
+        """The serving profile the loaded artifacts were compiled for, plus the serving state.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -71,6 +95,16 @@ def add_DiffletServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=difflet_dot_runtime_dot_difflet__pb2.GenerateRequest.FromString,
                     response_serializer=difflet_dot_runtime_dot_difflet__pb2.GenerateReply.SerializeToString,
+            ),
+            'GenerateStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.GenerateStream,
+                    request_deserializer=difflet_dot_runtime_dot_difflet__pb2.GenerateRequest.FromString,
+                    response_serializer=difflet_dot_runtime_dot_difflet__pb2.GenerateEvent.SerializeToString,
+            ),
+            'Cancel': grpc.unary_unary_rpc_method_handler(
+                    servicer.Cancel,
+                    request_deserializer=difflet_dot_runtime_dot_difflet__pb2.CancelRequest.FromString,
+                    response_serializer=difflet_dot_runtime_dot_difflet__pb2.CancelReply.SerializeToString,
             ),
             'GetProfile': grpc.unary_unary_rpc_method_handler(
                     servicer.GetProfile,
@@ -105,6 +139,60 @@ class Difflet:
             '/difflet.v1.Difflet/Generate',
             difflet_dot_runtime_dot_difflet__pb2.GenerateRequest.SerializeToString,
             difflet_dot_runtime_dot_difflet__pb2.GenerateReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/difflet.v1.Difflet/GenerateStream',
+            difflet_dot_runtime_dot_difflet__pb2.GenerateRequest.SerializeToString,
+            difflet_dot_runtime_dot_difflet__pb2.GenerateEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Cancel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/difflet.v1.Difflet/Cancel',
+            difflet_dot_runtime_dot_difflet__pb2.CancelRequest.SerializeToString,
+            difflet_dot_runtime_dot_difflet__pb2.CancelReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,26 +1,137 @@
-"""`difflet-runtime --artifacts ART --port P [--host H]`: the resident serving process.
+"""`difflet-runtime`: the API process. It serves gRPC and supervises the model process(es).
+
+    difflet-runtime --artifacts ART --port P [--queue-size N] [--request-timeout S] [--grace S]
+                    [--cache MODE] [--metrics-port P] [--replicas N] [--profile KEY=VALUE ...]
 
 Invariants:
-- The artifacts are loaded once; the port is bound first (health NOT_SERVING), then the warm-up
-  generation runs and must pass, and only then health says SERVING and one line
-  "listening on HOST:PORT" goes to stdout (what `difflet demo` and tests wait for).
-- SIGINT/SIGTERM stop it cleanly (health NOT_SERVING, in-flight requests get a grace period),
-  exit code 0. A load or warm-up failure is one "error: ..." line on stderr: exit 2 for bad
-  input (DiffletError), 1 otherwise.
+- Startup order: torch-free artifact checks (manifest vs module.ir, hashes of module.ir, rank
+  assignment, --profile), bind the port (health NOT_SERVING; stdout "starting on HOST:PORT"),
+  metrics endpoint (stdout "metrics on HOST:PORT"), spawn the model processes, each loads the
+  artifacts (load_artifacts verify=True) and passes its warm-up, and only then health says
+  SERVING and stdout says "listening on HOST:PORT" (what `difflet demo` and tests wait for).
+- SIGINT/SIGTERM stop it cleanly (health NOT_SERVING, accepted requests get up to 5 s, the rest
+  UNAVAILABLE; model processes stopped), exit code 0. A startup failure is one "error: ..." line
+  on stderr: exit 2 for bad input (a refused artifact, a bad option), 1 otherwise.
 """
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
+from concurrent import futures
 
 import click
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
 
 from difflet.errors import DiffletError
+from difflet.runtime import difflet_pb2 as pb
+from difflet.runtime import difflet_pb2_grpc as pb_grpc
+from difflet.runtime.service import SERVICE_NAME, DiffletServicer
 
 
 class _Interrupted(BaseException):
     """A stop signal before SERVING; a BaseException so loaders' `except Exception` let it pass."""
+
+
+class DiffletServer:
+    """The API process's parts: checks, admission, dispatcher + replicas, gRPC, health, metrics."""
+
+    def __init__(self, art: str, host: str = "127.0.0.1", port: int = 0, *, queue_size: int = 16,
+                 request_timeout: float | None = None, grace: float = 10.0, cache: str = "off",
+                 replicas: int = 1, expect: dict | None = None, verify: bool = True) -> None:
+        from difflet.runtime.admission import Admission, check_cache_mode
+        from difflet.runtime.dispatcher import Dispatcher
+        from difflet.runtime.metrics import Metrics
+        from difflet.runtime.runner import ModelRunner
+        from difflet.runtime.startup import check_artifacts
+
+        import inspect
+
+        self.host, self.port = host, port
+        self.cache = check_cache_mode(cache, field="--cache")
+        self.grace, self.request_timeout, self.queue_size = grace, request_timeout, queue_size
+        expect = dict(expect or {})
+        self.info = check_artifacts(art, expect)
+        cache_ok = "cache" in inspect.signature(ModelRunner.from_artifacts).parameters
+        if self.cache != "off" and not cache_ok:
+            raise DiffletError(f"{self.cache!r}: this build's runner has no step caching", where="--cache")
+        self.admission = Admission(self.info, self.cache, cache_available=cache_ok)
+        self.metrics = Metrics()
+        self.health = health.HealthServicer()
+        threads = max(1, (os.cpu_count() or 1) // replicas)
+        config = {"root": str(art), "cache": self.cache, "threads": threads, "verify": verify}
+        self.dispatcher = Dispatcher(config, replicas=replicas, queue_size=queue_size, grace=grace,
+                                     precheck=lambda: check_artifacts(art, expect),
+                                     metrics=self.metrics, on_health=self._on_health)
+        self.metrics.watch(self.dispatcher)
+        self.servicer = DiffletServicer(self.info, self.admission, self.dispatcher, self.metrics,
+                                        request_timeout=request_timeout, cache=self.cache,
+                                        serving_state=self.serving_state)
+        # every accepted request holds a handler thread while it waits; beyond that, gRPC
+        # itself refuses with RESOURCE_EXHAUSTED rather than parking calls unseen
+        workers = queue_size + replicas + 32
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers),
+                                   maximum_concurrent_rpcs=workers)
+        self._stopped = threading.Event()
+
+    def start(self) -> int:
+        """Bind and start answering (health NOT_SERVING); returns the bound port."""
+        pb_grpc.add_DiffletServicer_to_server(self.servicer, self._server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server)
+        try:
+            bound = self._server.add_insecure_port(f"{self.host}:{self.port}")
+        except RuntimeError as err:
+            raise DiffletError(f"cannot listen on {self.host}:{self.port}: {err}", where="--port") from None
+        if bound == 0:
+            raise DiffletError(f"cannot listen on {self.host}:{self.port}", where="--port")
+        self.port = bound
+        self._on_health(False)
+        self._server.start()
+        return bound
+
+    def load(self) -> None:
+        """Start the model processes; returns once all passed their warm-up (health SERVING)."""
+        failures = self.dispatcher.start()
+        if failures:
+            raise DiffletError("; ".join(failures), where=self.info.root)
+
+    def stop(self, grace: float = 5.0) -> None:
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self.health.enter_graceful_shutdown()
+        self.dispatcher.close(drain_s=grace)
+        self._server.stop(grace).wait()
+
+    def _on_health(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else \
+            health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", SERVICE_NAME):
+            self.health.set(name, status)
+
+    def serving_state(self) -> pb.ServingState:
+        d = self.dispatcher
+        return pb.ServingState(
+            processes=[pb.ModelProcess(replica=r.index, pid=r.pid, state=r.state, served=r.served,
+                                       compiles=r.compiles, generation=max(0, r.generation),
+                                       error=r.error) for r in d.replicas],
+            queue_size=self.queue_size, queue_depth=d.queue_depth(), recoveries=d.recoveries,
+            request_timeout_s=self.request_timeout or 0.0, grace_s=self.grace)
+
+
+def _expectations(pairs: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--profile")
+        out[key.strip()] = value.strip()
+    return out
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -29,12 +140,25 @@ class _Interrupted(BaseException):
 @click.option("--port", default=50051, show_default=True, type=click.IntRange(0, 65535),
               help="TCP port; 0 picks a free one")
 @click.option("--host", default="127.0.0.1", show_default=True, help="address to bind")
+@click.option("--queue-size", default=16, show_default=True, type=click.IntRange(0, 100000),
+              help="requests that may wait beyond one running per replica; more are refused")
+@click.option("--request-timeout", default=0.0, show_default=True, type=click.FloatRange(0),
+              help="seconds from admission to answer (queue included); 0 = only gRPC deadlines")
+@click.option("--grace", default=10.0, show_default=True, type=click.FloatRange(0),
+              help="seconds a cancelled generation may take to stop before its process is killed")
+@click.option("--cache", default="off", show_default=True,
+              help="step-cache mode: off | cadence:N | online-delta:ALPHA | calibrated:FILE[:THRESHOLD]")
+@click.option("--metrics-port", default=None, type=click.IntRange(0, 65535),
+              help="serve Prometheus metrics on this port (0 picks one)")
+@click.option("--replicas", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="model processes; each request goes to the one with the fewest in flight")
+@click.option("--profile", "expect", multiple=True, metavar="KEY=VALUE",
+              help="serving profile the artifacts must match (model, height, tp, ...); repeatable")
 @click.option("--no-verify", is_flag=True, help="skip artifact checksum verification at load")
-def main(art: str, port: int, host: str, no_verify: bool) -> None:
+def main(art: str, port: int, host: str, queue_size: int, request_timeout: float, grace: float,
+         cache: str, metrics_port: int | None, replicas: int, expect: tuple[str, ...],
+         no_verify: bool) -> None:
     """Serve one compiled profile over gRPC (difflet.v1.Difflet + grpc.health.v1 + reflection)."""
-    from difflet.runtime.runner import ModelRunner
-    from difflet.runtime.service import DiffletServer
-
     stop = threading.Event()
     serving = threading.Event()
 
@@ -45,19 +169,30 @@ def main(art: str, port: int, host: str, no_verify: bool) -> None:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    server = DiffletServer(lambda: ModelRunner.from_artifacts(art, verify=not no_verify), host, port)
+    server = None
     try:
+        server = DiffletServer(art, host, port, queue_size=queue_size,
+                               request_timeout=request_timeout or None, grace=grace, cache=cache,
+                               replicas=replicas, expect=_expectations(expect), verify=not no_verify)
         bound = server.start()
+        click.echo(f"starting on {host}:{bound}")
+        if metrics_port is not None:
+            click.echo(f"metrics on {host}:{server.metrics.serve(host, metrics_port)}")
+        sys.stdout.flush()
         server.load()
     except _Interrupted:
-        server.stop(grace=0)
+        if server is not None:
+            server.stop(grace=0)
         return
-    except DiffletError as err:
-        server.stop(grace=0)
-        click.echo(f"error: {err}", err=True)
+    except (DiffletError, click.BadParameter, OSError) as err:
+        if server is not None:
+            server.stop(grace=0)
+        message = err.format_message() if isinstance(err, click.BadParameter) else str(err)
+        click.echo(f"error: {message}", err=True)
         sys.exit(2)
-    except Exception as err:  # a broken artifact or failed warm-up: one line, not a traceback
-        server.stop(grace=0)
+    except Exception as err:  # a failed warm-up: one line, not a traceback
+        if server is not None:
+            server.stop(grace=0)
         click.echo(f"error: {type(err).__name__}: {err}", err=True)
         sys.exit(1)
     serving.set()

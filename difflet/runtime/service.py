@@ -1,67 +1,130 @@
-"""The gRPC face of a model runner: `difflet.v1.Difflet`, standard health checking, reflection.
+"""The gRPC face of the dispatcher: `difflet.v1.Difflet` (Generate, GenerateStream, Cancel,
+GetProfile). Runs in the API process; torch-free.
 
 Invariants:
-- The servicer only translates: proto request -> `ModelRunner.resolve` -> `generate` -> proto
-  reply. Validation errors become INVALID_ARGUMENT with the field-named message as details;
-  anything else that fails inside generation is INTERNAL; a call before warm-up is UNAVAILABLE.
-- Health reports NOT_SERVING until the runner's warm-up generation passed, SERVING after, and
-  NOT_SERVING again once shutdown begins.
+- The servicer only translates: proto request -> `Admission.check` -> `Dispatcher.submit` ->
+  wait for the job's answer -> proto reply. Validation errors are INVALID_ARGUMENT with the
+  field-named message as details (and never reach the queue); a full queue is
+  RESOURCE_EXHAUSTED at once; before the first warm-up passed, after recovery failed, or
+  during shutdown, UNAVAILABLE.
+- The deadline of a request is the earlier of the gRPC deadline and --request-timeout, counted
+  from admission (queue time included). The handler itself answers DEADLINE_EXCEEDED when it
+  passes, whatever the model process is doing; the dispatcher then asks the process to stop.
+- A call that ends early (client cancel or disconnect) cancels its job.
 """
 from __future__ import annotations
 
-import sys
-import threading
-from concurrent import futures
+import queue
+import time
 from typing import Callable
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from difflet.errors import DiffletError
 from difflet.runtime import difflet_pb2 as pb
 from difflet.runtime import difflet_pb2_grpc as pb_grpc
+from difflet.runtime.dispatcher import Rejected
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Difflet"].full_name  # "difflet.v1.Difflet"
 _PROFILE_FIELDS = ("height", "width", "steps", "guidance", "max_text", "dtype")
+_CODES = {"invalid": grpc.StatusCode.INVALID_ARGUMENT, "internal": grpc.StatusCode.INTERNAL,
+          "cancelled": grpc.StatusCode.CANCELLED, "deadline": grpc.StatusCode.DEADLINE_EXCEEDED,
+          "unavailable": grpc.StatusCode.UNAVAILABLE}
+_REJECT_CODES = {"queue_full": grpc.StatusCode.RESOURCE_EXHAUSTED,
+                 "unavailable": grpc.StatusCode.UNAVAILABLE,
+                 "duplicate_id": grpc.StatusCode.INVALID_ARGUMENT}
+_NO_DEADLINE = 1e8  # time_remaining() of a call without a deadline is huge or None
 
 
 class DiffletServicer(pb_grpc.DiffletServicer):
-    """Requests -> the runner (which serialises them); `runner` is None until warm-up passed."""
+    """Translates calls; `admission`, `dispatcher` and `serving_state` are set by the server."""
 
-    def __init__(self) -> None:
-        self.runner = None
+    def __init__(self, info, admission, dispatcher, metrics, *, request_timeout: float | None,
+                 cache: str, serving_state: Callable[[], pb.ServingState]) -> None:
+        self.info, self.admission, self.dispatcher, self.metrics = info, admission, dispatcher, metrics
+        self.request_timeout, self.cache, self.serving_state = request_timeout, cache, serving_state
 
-    def _ready_runner(self, context: grpc.ServicerContext):
-        if self.runner is None:
-            context.abort(grpc.StatusCode.UNAVAILABLE, "the model is still loading")
-        return self.runner
-
-    def Generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> pb.GenerateReply:
-        runner = self._ready_runner(context)
+    # ---- admission
+    def _admit(self, request: pb.GenerateRequest, context: grpc.ServicerContext):
         try:
-            params = runner.resolve(
+            fields = self.admission.check(
                 prompt=request.prompt, seed=request.seed,
                 steps=request.steps if request.HasField("steps") else None,
                 guidance=request.guidance if request.HasField("guidance") else None,
-                height=request.height, width=request.width, request_id=request.request_id)
+                height=request.height, width=request.width, request_id=request.request_id,
+                cache=request.cache)
         except DiffletError as err:
+            self.metrics.rejected("invalid_argument")
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, err.message)
         try:
-            result = runner.generate(params)
-        except Exception as err:  # a failed generation must not kill the server
-            print(f"request {params.request_id}: generation failed: {err!r}", file=sys.stderr, flush=True)
-            context.abort(grpc.StatusCode.INTERNAL, f"generation failed: {err}")
-        t = result.timings
+            job = self.dispatcher.submit(fields, self._deadline(context))
+        except Rejected as rej:
+            self.metrics.rejected(rej.reason)
+            context.abort(_REJECT_CODES[rej.reason], rej.message)
+        context.add_callback(lambda: self.dispatcher.cancel(job, "cancelled", "the call ended"))
+        return job
+
+    def _deadline(self, context: grpc.ServicerContext) -> float | None:
+        limits = []
+        remaining = context.time_remaining()
+        if remaining is not None and remaining < _NO_DEADLINE:
+            limits.append(remaining)
+        if self.request_timeout:
+            limits.append(self.request_timeout)
+        return time.monotonic() + min(limits) if limits else None
+
+    def _wait(self, job) -> None:
+        if job.deadline is None:
+            job.done.wait()
+        elif not job.done.wait(max(0.0, job.deadline - time.monotonic())):
+            self.dispatcher.expire(job)
+
+    def _reply(self, job, context: grpc.ServicerContext) -> pb.GenerateReply:
+        if job.code != "ok":
+            context.abort(_CODES[job.code], job.message)
+        r, t = job.result, job.result["timings"]
         return pb.GenerateReply(
-            png=result.png, seed=params.seed, steps=params.steps, guidance=params.guidance,
-            height=params.height, width=params.width, request_id=params.request_id,
-            timings=pb.Timings(encode_ms=t["encode"], denoise_ms=t["denoise"],
-                               decode_ms=t["decode"], total_ms=t["total"]))
+            png=r["png"], seed=r["seed"], steps=r["steps"], guidance=r["guidance"],
+            height=r["height"], width=r["width"], request_id=r["request_id"],
+            cached_steps=r["cached_steps"], denoiser_calls=r["denoiser_calls"], cache=r["cache"],
+            model_pid=job.pid, replica=job.replica,
+            timings=pb.Timings(encode_ms=t.get("encode", 0.0), denoise_ms=t.get("denoise", 0.0),
+                               decode_ms=t.get("decode", 0.0), total_ms=t.get("total", 0.0),
+                               queue_ms=job.queue_ms))
+
+    # ---- RPCs
+    def Generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> pb.GenerateReply:
+        job = self._admit(request, context)
+        self._wait(job)
+        return self._reply(job, context)
+
+    def GenerateStream(self, request: pb.GenerateRequest, context: grpc.ServicerContext):
+        job = self._admit(request, context)
+        while True:
+            timeout = None if job.deadline is None else max(0.0, job.deadline - time.monotonic())
+            try:
+                event = job.events.get(timeout=timeout)
+            except queue.Empty:
+                self.dispatcher.expire(job)
+                continue
+            if event[0] == "end":
+                break
+            if event[0] == "queued":
+                yield pb.GenerateEvent(queued=pb.Queued(request_id=job.request_id, position=event[1]))
+            elif event[0] == "progress":
+                _, step, total, cached, pid = event
+                yield pb.GenerateEvent(progress=pb.Progress(
+                    request_id=job.request_id, step=step, total=total, cached=cached, model_pid=pid))
+        yield pb.GenerateEvent(result=self._reply(job, context))
+
+    def Cancel(self, request: pb.CancelRequest, context: grpc.ServicerContext) -> pb.CancelReply:
+        if not request.request_id:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id: must be non-empty")
+        state = self.dispatcher.cancel_id(request.request_id)
+        return pb.CancelReply(found=bool(state), state=state)
 
     def GetProfile(self, request: pb.GetProfileRequest, context: grpc.ServicerContext) -> pb.Profile:
-        runner = self._ready_runner(context)
-        module, profile = runner.module, runner.profile
+        module, profile = self.info.module, self.info.profile
         parallel = module.attrs.get("parallel")
         return pb.Profile(
             model=module.name, family=str(module.attrs.get("family", "")),
@@ -71,52 +134,6 @@ class DiffletServicer(pb_grpc.DiffletServicer):
             parallel=str(parallel.to_python() if hasattr(parallel, "to_python") else parallel or ""),
             target=str(module.attrs.get("target", "")),
             components=[c.name for c in module.components()],
-            attrs={k: str(v) for k, v in profile.items() if k not in _PROFILE_FIELDS})
-
-
-class DiffletServer:
-    """A gRPC server around a runner that is loaded (and warmed up) after the port is bound."""
-
-    def __init__(self, load_runner: Callable[[], object], host: str = "127.0.0.1", port: int = 0,
-                 workers: int = 4) -> None:
-        self.host, self.port = host, port
-        self._load_runner = load_runner
-        self.servicer = DiffletServicer()
-        self.health = health.HealthServicer()
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers))
-        self._stopped = threading.Event()
-
-    def start(self) -> int:
-        """Bind and start answering (health NOT_SERVING); returns the bound port."""
-        pb_grpc.add_DiffletServicer_to_server(self.servicer, self._server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server)
-        try:
-            bound = self._server.add_insecure_port(f"{self.host}:{self.port}")
-        except RuntimeError as err:
-            raise DiffletError(f"cannot listen on {self.host}:{self.port}: {err}", where="--port") from None
-        if bound == 0:
-            raise DiffletError(f"cannot listen on {self.host}:{self.port}", where="--port")
-        self.port = bound
-        self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        self._server.start()
-        return bound
-
-    def load(self) -> None:
-        """Load the runner, run its checked warm-up generation, then report SERVING."""
-        runner = self._load_runner()
-        runner.warm_up()
-        self.servicer.runner = runner
-        self._set_health(health_pb2.HealthCheckResponse.SERVING)
-
-    def stop(self, grace: float = 5.0) -> None:
-        if self._stopped.is_set():
-            return
-        self._stopped.set()
-        self.health.enter_graceful_shutdown()
-        self._server.stop(grace).wait()
-
-    def _set_health(self, status) -> None:
-        for name in ("", SERVICE_NAME):
-            self.health.set(name, status)
+            attrs={k: str(v) for k, v in profile.items() if k not in _PROFILE_FIELDS},
+            cache=self.cache, prompt_tokens=self.admission.token_limit,
+            serving=self.serving_state())

@@ -1,0 +1,190 @@
+"""The dispatcher: bounded FIFO admission, least-in-flight dispatch to replicas, deadlines,
+cancellation and recovery bookkeeping. Lives in the API process; knows nothing of gRPC.
+
+Invariants:
+- Capacity: at most `queue_size + replicas` requests are accepted and unanswered (waiting or
+  running); one more is refused at once with `Rejected("queue_full")`, never queued.
+- FIFO: requests leave the queue in arrival order, each to the ready replica with the fewest
+  requests in flight (ties: lowest index). Replicas run one request at a time, so a request
+  never waits behind another while some replica is idle.
+- Dispatch pauses for a replica that is starting, recovering or failed; its queued requests
+  stay queued. Only when every replica has failed (recovery failed) are queued requests
+  answered UNAVAILABLE and new ones refused; nothing accepted is dropped unanswered.
+- Health (the `on_health` callback) is True iff some replica is ready or busy and the
+  dispatcher is not closed.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from typing import Any, Callable
+
+from difflet.runtime.jobs import Job
+from difflet.runtime.replica import Replica
+
+
+class Rejected(Exception):
+    """A request refused at admission. `reason`: queue_full | unavailable | duplicate_id."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason, self.message = reason, message
+
+
+class Dispatcher:
+    def __init__(self, config: dict[str, Any], *, replicas: int = 1, queue_size: int = 16,
+                 grace: float = 5.0, precheck: Callable[[], None] = lambda: None,
+                 metrics=None, on_health: Callable[[bool], None] = lambda ok: None) -> None:
+        self.queue_size, self.grace = queue_size, grace
+        self.metrics, self.on_health = metrics, on_health
+        self.recoveries = 0
+        self._lock = threading.RLock()
+        self._queue: deque[Job] = deque()
+        self._active: dict[str, Job] = {}
+        self._seq = itertools.count()
+        self._closed = False
+        self._serving = False
+        self._ever_ready = False  # before the first warm-up passed, requests are refused
+        self.replicas = [Replica(i, config, self, precheck, grace) for i in range(replicas)]
+
+    # ---- lifecycle
+    def start(self) -> list[str]:
+        """Start every replica and wait for each first start; returns the failures' reasons."""
+        for r in self.replicas:
+            r.start()
+        for r in self.replicas:
+            r.started.wait()
+        return [f"model process {r.index}: {r.error}" for r in self.replicas if r.state == "failed"]
+
+    def close(self, drain_s: float = 5.0) -> None:
+        """Refuse new requests, let accepted ones finish for up to `drain_s`, answer the rest
+        UNAVAILABLE, then stop the model processes."""
+        with self._lock:
+            self._closed = True
+            self._update_health()
+        end = time.monotonic() + drain_s
+        for job in list(self._active.values()):
+            job.done.wait(max(0.0, end - time.monotonic()))
+        with self._lock:
+            for job in list(self._active.values()):
+                self._answer(job, "unavailable", "the server is shutting down")
+            self._queue.clear()
+        for r in self.replicas:
+            r.stop()
+
+    # ---- admission and answers (any thread)
+    def submit(self, fields: dict[str, Any], deadline: float | None) -> Job:
+        with self._lock:
+            if self._closed:
+                raise Rejected("unavailable", "the server is shutting down")
+            if all(r.state == "failed" for r in self.replicas):
+                raise Rejected("unavailable", "no model process: recovery failed ("
+                               + "; ".join(r.error for r in self.replicas) + ")")
+            if not self._ever_ready:
+                raise Rejected("unavailable", "the model is still loading")
+            if fields["request_id"] in self._active:
+                raise Rejected("duplicate_id", f"request_id: {fields['request_id']!r} is already in flight")
+            capacity = self.queue_size + len(self.replicas)
+            if len(self._active) >= capacity:
+                raise Rejected("queue_full", f"the queue is full ({self.queue_size} waiting + "
+                                             f"{len(self.replicas)} running); retry later")
+            job = Job(fields, deadline)
+            job.events.put(("queued", len(self._queue)))
+            self._queue.append(job)
+            self._active[job.request_id] = job
+            self._dispatch()
+            return job
+
+    def expire(self, job: Job) -> None:
+        self.cancel(job, "deadline", "the request deadline passed")
+
+    def cancel(self, job: Job, code: str = "cancelled", message: str = "cancelled") -> str:
+        """Answer `job` with `code` now; a running one is asked to stop at its next step."""
+        with self._lock:
+            if job.done.is_set():
+                return ""
+            if job in self._queue:
+                self._queue.remove(job)
+                self._answer(job, code, message)
+                return "queued"
+            job.cancel_at = time.monotonic()
+            self._answer(job, code, message)
+            for r in self.replicas:
+                r.cancel(job)
+            return "running"
+
+    def cancel_id(self, request_id: str) -> str:
+        with self._lock:
+            job = self._active.get(request_id)
+            return self.cancel(job, "cancelled", "cancelled by a Cancel call") if job else ""
+
+    def next_seq(self) -> int:
+        return next(self._seq)
+
+    # ---- replica callbacks (supervisor threads)
+    def finished(self, replica: Replica, job: Job, code: str, message: str, result,
+                 requeue: bool = False) -> None:
+        with self._lock:
+            if replica.job is job:
+                replica.job = None
+            if requeue and not job.done.is_set():
+                self._queue.appendleft(job)  # never sent: it keeps its place
+            else:
+                self._answer(job, code, message, result)
+            if replica.state == "busy":
+                replica.state = "ready"
+            self._update_health()
+            self._dispatch()
+
+    def model_ready(self, replica: Replica, info: dict[str, Any]) -> None:
+        with self._lock:
+            self._ever_ready = True
+            self._update_health()
+            self._dispatch()
+
+    def model_lost(self, replica: Replica, reason: str) -> None:
+        with self._lock:
+            self.recoveries += 1
+            if self.metrics:
+                self.metrics.recoveries.labels(reason).inc()
+            self._update_health()
+
+    def model_failed(self, replica: Replica, kind: str, message: str) -> None:
+        with self._lock:
+            if all(r.state == "failed" for r in self.replicas) and replica.generation > 0:
+                for job in list(self._queue):
+                    self._answer(job, "unavailable", f"recovery failed: {message}")
+                self._queue.clear()
+            self._update_health()
+
+    # ---- state (lock held)
+    def _answer(self, job: Job, code: str, message: str, result=None) -> None:
+        if job.finish(code, message, result):
+            self._active.pop(job.request_id, None)
+            if self.metrics:
+                self.metrics.answered(job)
+
+    def _dispatch(self) -> None:
+        while self._queue:
+            idle = [r for r in self.replicas if r.state == "ready" and r.job is None]
+            if not idle:
+                return
+            job = self._queue.popleft()
+            if job.done.is_set():
+                continue
+            min(idle, key=lambda r: (r.job is not None, r.index)).assign(job)
+
+    def _update_health(self) -> None:
+        serving = not self._closed and any(r.state in ("ready", "busy") for r in self.replicas)
+        if serving != self._serving or not serving:
+            self._serving = serving
+            self.on_health(serving)
+
+    # ---- read-only views
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    def in_flight(self) -> int:
+        return sum(r.job is not None for r in self.replicas)

@@ -1,0 +1,63 @@
+"""A `Job`: one accepted request between admission and its answer.
+
+Invariants:
+- A job is answered exactly once: `finish` is first-wins (a result arriving after the deadline
+  answered DEADLINE_EXCEEDED is dropped, never sent).
+- Outcome codes are the service's vocabulary: ok, invalid, internal, cancelled, deadline,
+  unavailable. `events` carries what a stream shows: ("queued", position), ("progress", step,
+  total, cached, pid), and finally ("end",).
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any
+
+OUTCOMES = ("ok", "invalid", "internal", "cancelled", "deadline", "unavailable")
+
+
+class Job:
+    def __init__(self, fields: dict[str, Any], deadline: float | None) -> None:
+        self.fields = fields
+        self.request_id: str = fields["request_id"]
+        self.deadline = deadline  # time.monotonic() value, or None
+        self.admitted = time.monotonic()
+        self.dispatched: float | None = None
+        self.seq = -1             # set when sent to a model process
+        self.cancel_at: float | None = None  # when a running job was asked to stop
+        self.replica: int = -1
+        self.pid: int = 0
+        self.code: str | None = None
+        self.message = ""
+        self.result: dict[str, Any] | None = None
+        self.events: queue.SimpleQueue = queue.SimpleQueue()
+        self.done = threading.Event()
+        self._lock = threading.Lock()
+
+    def started(self, replica) -> None:
+        self.dispatched = time.monotonic()
+        self.replica, self.pid = replica.index, replica.pid
+
+    def progress(self, step: int, total: int, cached: bool, pid: int) -> None:
+        if not self.done.is_set():
+            self.events.put(("progress", step, total, cached, pid))
+
+    def finish(self, code: str, message: str = "", result: dict[str, Any] | None = None) -> bool:
+        """Answer the job; False (and nothing changes) if it was already answered."""
+        assert code in OUTCOMES, code
+        with self._lock:
+            if self.done.is_set():
+                return False
+            self.code, self.message, self.result = code, message, result
+            self.done.set()
+        self.events.put(("end",))
+        return True
+
+    @property
+    def queue_ms(self) -> float:
+        end = self.dispatched if self.dispatched is not None else time.monotonic()
+        return (end - self.admitted) * 1000.0
+
+    def latency_s(self) -> float:
+        return time.monotonic() - self.admitted

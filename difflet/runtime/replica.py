@@ -1,0 +1,233 @@
+"""One replica: a model process and the supervisor thread that feeds it, watches it, replaces it.
+
+States: starting -> ready <-> busy; any -> recovering (process died, or did not stop within
+--grace after a cancel) -> ready again, or -> failed (its replacement did not pass the startup
+checks; dispatch to this replica stays paused). stopped after `stop()`.
+
+Invariants:
+- At most one request is in a model process at a time (`job`); the dispatcher assigns it only
+  while the state is ready, and the supervisor sends it.
+- The supervisor waits on three things at once: the pipe, the process sentinel (its exit), and
+  a wake pipe poked on assign/cancel. A death is seen as soon as the OS reports it, so the
+  running request is answered UNAVAILABLE at once, never after a timeout.
+- A cancelled request stays "in" the process until the process says it stopped (or it is
+  killed after `grace`): the replica is not given the next request before that, so two
+  generations never overlap. A kill is confirmed (join) before a replacement starts.
+- A replacement only loads the saved artifacts (startup checks + load_artifacts + warm-up).
+"""
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+from multiprocessing.connection import wait
+from typing import Any, Callable
+
+from difflet.runtime.jobs import Job
+
+_CTX = multiprocessing.get_context("spawn")
+START_TIMEOUT_S = 1800.0
+
+
+class Replica:
+    def __init__(self, index: int, config: dict[str, Any], dispatcher, precheck: Callable[[], None],
+                 grace: float) -> None:
+        self.index, self.config, self.grace = index, dict(config), grace
+        self.dispatcher, self.precheck = dispatcher, precheck
+        self.state, self.pid, self.generation, self.served, self.compiles = "starting", 0, -1, 0, 0
+        self.error = ""
+        self.job: Job | None = None
+        self._sent = False
+        self._cancel_upto = _CTX.Value("q", -1, lock=False)
+        self._wake_r, self._wake_w = _CTX.Pipe(duplex=False)
+        self._wake_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._proc = None
+        self._conn = None
+        self.started = threading.Event()  # set once the first start succeeded or failed
+        self._thread = threading.Thread(target=self._supervise, name=f"replica-{index}", daemon=True)
+
+    # ---- called by the dispatcher (under its lock)
+    def start(self) -> None:
+        self._thread.start()
+
+    def assign(self, job: Job) -> None:
+        self.job, self._sent = job, False
+        self.state = "busy"
+        self.wake()
+
+    def cancel(self, job: Job) -> None:
+        """Ask the process to stop `job` at its next step boundary (no-op if it is not ours)."""
+        if self.job is job and job.seq >= 0:
+            self._cancel_upto.value = job.seq
+            self.wake()
+
+    def wake(self) -> None:
+        with self._wake_lock:
+            self._wake_w.send_bytes(b"w")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self.wake()
+        self._thread.join(timeout)
+
+    # ---- the supervisor thread
+    def _supervise(self) -> None:
+        while not self._stop.is_set():
+            if not self._spawn():
+                return
+            reason = self._serve()
+            if self._stop.is_set():
+                break
+            self.dispatcher.model_lost(self, reason)
+        self._shutdown()
+
+    def _spawn(self) -> bool:
+        """Start a model process and wait for ready/failed/death; False if it could not start."""
+        from difflet.runtime import model_process
+
+        self.generation += 1
+        self.pid, self.compiles = 0, 0
+        try:
+            self.precheck()
+            conn, child = _CTX.Pipe(duplex=True)
+            config = dict(self.config, generation=self.generation)
+            proc = _CTX.Process(target=model_process.serve, args=(child, self._cancel_upto, config),
+                                name=f"difflet-model-{self.index}", daemon=True)
+            proc.start()
+            child.close()
+            self._proc, self._conn = proc, conn
+            message = self._first_message(proc, conn)
+        except Exception as err:
+            message = ("failed", "invalid", str(err))
+        if message[0] != "ready":
+            self._kill()
+            self.state, self.error = "failed", message[2]
+            self.started.set()
+            self.dispatcher.model_failed(self, message[1], message[2])
+            return False
+        info = message[1]
+        self.pid, self.compiles, self.served, self.error = info["pid"], info["compiles"], 0, ""
+        self.state = "ready"
+        self.started.set()
+        self.dispatcher.model_ready(self, info)
+        return True
+
+    def _first_message(self, proc, conn):
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self._stop.is_set():
+            ready = wait([conn, proc.sentinel, self._wake_r], timeout=deadline - time.monotonic())
+            if conn in ready:
+                try:
+                    return conn.recv()
+                except EOFError:
+                    pass
+            if proc.sentinel in ready or conn in ready:
+                proc.join()
+                return ("failed", "error", f"the model process exited during startup "
+                                           f"(exit code {proc.exitcode})")
+            if self._wake_r in ready:
+                self._drain_wake()
+            if time.monotonic() > deadline:
+                return ("failed", "error", f"the model process was not ready within {START_TIMEOUT_S:.0f} s")
+        return ("failed", "error", "stopped during startup")
+
+    def _serve(self) -> str:
+        """Feed and watch the running process; returns why it has to be replaced."""
+        proc, conn = self._proc, self._conn
+        while not self._stop.is_set():
+            job = self.job
+            if job is not None and not self._sent:
+                self._sent = True
+                job.seq = self.dispatcher.next_seq()
+                job.started(self)
+                try:
+                    conn.send(("run", job.seq, job.fields))
+                except (BrokenPipeError, OSError):
+                    pass  # the death is seen on the sentinel below
+                if job.done.is_set():  # answered (deadline/cancel) before it was sent
+                    self.cancel(job)
+            timeout = None
+            if job is not None and job.cancel_at is not None:
+                timeout = max(0.0, job.cancel_at + self.grace - time.monotonic())
+            elif job is not None and job.deadline is not None:
+                timeout = max(0.0, job.deadline - time.monotonic()) + 0.01
+            ready = wait([conn, proc.sentinel, self._wake_r], timeout=timeout)
+            if self._wake_r in ready:
+                self._drain_wake()
+            if conn in ready:
+                try:
+                    message = conn.recv()
+                except (EOFError, OSError):
+                    message = None
+                if message is not None:
+                    self._on_message(message)
+                    continue
+            if proc.sentinel in ready or not proc.is_alive():
+                proc.join()
+                code = proc.exitcode
+                why = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+                self.state = "recovering"  # before the job is handed back: no new assignment
+                self._fail_job(f"the model process (pid {self.pid}) died ({why}) during the "
+                               f"request; a replacement is loading")
+                return "crash"
+            job = self.job
+            if job is not None and job.deadline is not None and job.cancel_at is None \
+                    and time.monotonic() >= job.deadline:
+                self.dispatcher.expire(job)
+            job = self.job
+            if job is not None and job.cancel_at is not None and \
+                    time.monotonic() >= job.cancel_at + self.grace:
+                self.state = "recovering"
+                self._kill()  # confirmed exit before any replacement starts
+                self._fail_job("the model process did not stop within the grace period")
+                return "timeout"
+        return "stopped"
+
+    def _on_message(self, message) -> None:
+        kind, seq = message[0], message[1]
+        job = self.job
+        if job is None or seq != job.seq:
+            return  # a late message of a request already handed back
+        if kind == "step":
+            job.progress(message[2], message[3], message[4], self.pid)
+            return
+        if kind == "done":
+            result = message[2]
+            self.compiles = result.get("compiles", self.compiles)
+            self.served += 1
+            self.dispatcher.finished(self, job, "ok", "", result)
+        elif kind == "error":
+            self.dispatcher.finished(self, job, message[2], message[3], None)
+        elif kind == "cancelled":
+            self.dispatcher.finished(self, job, "cancelled", "cancelled at a step boundary", None)
+
+    def _fail_job(self, message: str) -> None:
+        job = self.job
+        if job is not None:
+            self.dispatcher.finished(self, job, "unavailable", message, None, requeue=not self._sent)
+
+    def _drain_wake(self) -> None:
+        while self._wake_r.poll():
+            self._wake_r.recv_bytes()
+
+    def _kill(self) -> None:
+        proc = self._proc
+        if proc is not None and proc.is_alive():
+            proc.kill()
+        if proc is not None:
+            proc.join()  # confirm the exit
+        if self._conn is not None:
+            self._conn.close()
+        self._proc = self._conn = None
+
+    def _shutdown(self) -> None:
+        proc, conn = self._proc, self._conn
+        if proc is not None and proc.is_alive():
+            try:
+                conn.send(("stop",))
+            except (BrokenPipeError, OSError):
+                pass
+            proc.join(5.0)
+        self._kill()
+        self.state = "stopped"
