@@ -1,6 +1,7 @@
 """Errors of `difflet lower`: every invalid DSL case, bad `--profile` values, and valid cases beside.
 
-Each tests/golden/frontend/invalid/*.dsl is tests/golden/frontend/valid/mini.dsl broken once; its
+Each tests/golden/frontend/invalid/*.dsl is tests/golden/frontend/valid/mini.dsl broken once
+(shape_video_* break valid/video_inline.dsl, shape_audio_* break valid/audio_video.dsl); its
 first two lines are `# expect: LINE:COL: message` and `# snippet: text`, reviewed by eye.
 `UPDATE_GOLDEN=1` rewrites those two lines from the current output (review the diff).
 """
@@ -80,6 +81,23 @@ def test_video_description_with_checkpoint_configs_lowers() -> None:
     kinds = [(a.name, a.attrs["kind"]) for a in t.find(Op.ATTENTION)]
     assert kinds == [("blocks.*.attn1", "self"), ("blocks.*.attn2", "cross")]
     assert m.component("vae").find(Op.OUTPUT, "sample")[0].results[0].type.shape == (1, 3, 81, 480, 832)
+
+
+def test_video_latent_channels_are_dim_1() -> None:
+    """[B, C, F, H, W]: in_channels 4 is dim 1; the last dim (width/8 = 8) is not channels."""
+    m = lower_file(str(FRONTEND / "valid" / "video_inline.dsl"))
+    t = m.component("transformer")
+    assert t.find(Op.INPUT, "hidden_states")[0].results[0].type.shape == (1, 4, 2, 4, 8)
+    assert t.find(Op.OUTPUT, "sample")[0].results[0].type.shape == (1, 4, 2, 4, 8)
+
+
+def test_audio_sites_are_checked_against_the_audio_config_keys() -> None:
+    """LTX-2: audio self and audio<->video cross sites run at the audio width (2 x 4), the video
+    site at the main width (2 x 8); both lower."""
+    m = lower_file(str(FRONTEND / "valid" / "audio_video.dsl"))
+    dims = {a.name.split(".")[-1]: (a.attrs["heads"], a.attrs["head_dim"])
+            for a in m.component("transformer").find(Op.ATTENTION)}
+    assert dims == {"attn1": (2, 8), "audio_attn1": (2, 4), "audio_to_video_attn": (2, 4)}
 
 
 @pytest.mark.parametrize("profile, where, message", [

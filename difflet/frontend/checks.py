@@ -6,6 +6,11 @@ Invariants:
 - Independently derived from configs, never from the DSL's own shape expressions:
   pixels per latent token = decoder spatial scale (2 ** (len(block_out_channels) - 1)) times the
   latent pack factor sqrt(denoiser in_channels / decoder latent_channels).
+- Channels of a latent are dim 1 for a 5-D video latent [B, C, F, H, W] (unpatchified: the
+  transformer patchifies inside) and the last dim for a packed token latent [B, N, C].
+- An attention site that involves another stream (e.g. LTX-2 `audio`) is checked against
+  that stream's config keys (`audio_num_attention_heads`, `audio_attention_head_dim`) when
+  the config has them; otherwise against the main keys.
 - Every failure names the offending input/output declaration.
 """
 from __future__ import annotations
@@ -22,6 +27,11 @@ TEXT_DIM_KEYS = ("joint_attention_dim", "text_embed_dim", "text_dim", "caption_c
 
 def _tensor_inputs(comp: ast.ComponentDecl, shapes: Mapping[str, tuple[int, ...]]):
     return [(i, shapes[i.name]) for i in comp.inputs if i.tensor is not None]
+
+
+def latent_channels(shape: tuple[int, ...]) -> int:
+    """Channel count of a latent: dim 1 of a 5-D [B, C, F, H, W], else the last dim."""
+    return shape[1] if len(shape) == 5 else shape[-1]
 
 
 def pixels_per_token(denoiser_cfg: Attrs, decoder_cfg: Attrs) -> int | None:
@@ -47,8 +57,9 @@ def check_denoiser(src: Source, comp: ast.ComponentDecl, config: Attrs | None,
     latent, latent_shape = inputs[0]
     cfg = config or Attrs()
     in_ch = cfg.get("in_channels")
-    if in_ch is not None and latent_shape[-1] != in_ch:
-        raise src.error(f"denoiser latent input {latent.name!r} has {latent_shape[-1]} channels but "
+    if in_ch is not None and latent_channels(latent_shape) != in_ch:
+        raise src.error(f"denoiser latent input {latent.name!r} has {latent_channels(latent_shape)} "
+                        f"channels but "
                         f"the config's in_channels is {in_ch}", latent.span)
     ps = pixels_per_token(cfg, decoder_cfg) if decoder_cfg is not None else None
     if (ps is not None and len(latent_shape) == 3 and "frames" not in profile
@@ -69,13 +80,17 @@ def check_denoiser(src: Source, comp: ast.ComponentDecl, config: Attrs | None,
                 raise src.error(f"pooled input has dim {shape[-1]} but the config's "
                                 f"pooled_projection_dim is {cfg['pooled_projection_dim']}", decl.span)
     if comp.outputs and in_ch is not None:
-        out = comp.outputs[0]
-        patch = cfg.get("patch_size", 1)
-        patch = patch if isinstance(patch, int) else 1
-        want = patch * patch * (cfg.get("out_channels") or in_ch)
-        if shapes[out.name][-1] != want:
-            raise src.error(f"denoiser output {out.name!r} has {shapes[out.name][-1]} channels but the "
-                            f"config implies patch_size**2 * out_channels = {want}", out.span)
+        out, out_shape = comp.outputs[0], shapes[comp.outputs[0].name]
+        if len(out_shape) == 5:
+            # a video output is unpatchified in the model: its channels are out_channels
+            want, why = cfg.get("out_channels") or in_ch, "out_channels"
+        else:
+            patch = cfg.get("patch_size", 1)
+            patch = patch if isinstance(patch, int) else 1
+            want, why = patch * patch * (cfg.get("out_channels") or in_ch), "patch_size**2 * out_channels"
+        if latent_channels(out_shape) != want:
+            raise src.error(f"denoiser output {out.name!r} has {latent_channels(out_shape)} channels but "
+                            f"the config implies {why} = {want}", out.span)
 
 
 def _check_text(src: Source, decl: ast.InputDecl, shape: tuple[int, ...], cfg: Attrs,
@@ -105,10 +120,22 @@ def check_decoder(src: Source, comp: ast.ComponentDecl, config: Attrs | None,
 
 def check_attention(src: Source, site: ast.AttentionDecl, values: Mapping[str, Any],
                     config: Attrs | None) -> None:
-    """Declared heads/head_dim must match num_attention_heads/attention_head_dim when given."""
+    """Declared heads/head_dim must match num_attention_heads/attention_head_dim when given.
+
+    A site whose order names another stream with its own keys (`<stream>_num_attention_heads`,
+    e.g. LTX-2 audio, also the audio<->video cross sites, which run at the audio width) is
+    checked against that stream's keys.
+    """
     cfg = config or Attrs()
     spans = {key: span for key, _, span in site.fields}
+    prefix = ""
+    order = values.get("order") or ()
+    for stream in order if isinstance(order, (tuple, list)) else ():
+        if stream not in ("visual", "text") and f"{stream}_num_attention_heads" in cfg:
+            prefix = f"{stream}_"
+            break
     for field, key in (("heads", "num_attention_heads"), ("head_dim", "attention_head_dim")):
+        key = prefix + key
         want = cfg.get(key)
         if isinstance(want, int) and values[field] != want:
             raise src.error(f"attention site {site.pattern!r} declares {field} {values[field]} but "
