@@ -5,20 +5,28 @@ Invariants:
   plain Python values and raises DiffletError for bad requests.
 - Requests run one at a time (a lock); each gets fresh `RequestState` via `run_schedule`.
 - `warm_up()` must pass (finite, right shape, not constant) before a server reports SERVING.
+- Step caching: the server default mode (`cache=`) and a request's override (`resolve(cache=)`)
+  are resolved into an immutable `CachePlan` before the request runs; the loop builds fresh
+  caching state from it per request. `stats` reports denoiser_calls and cached_steps.
+- `generate(on_step=, should_stop=)`: on_step(step_index, total_steps, cached) after every
+  denoising step; should_stop() before every schedule step and denoising step (raises
+  difflet.runtime.cancel.Cancelled; the next request starts from fresh state all the same).
 """
 from __future__ import annotations
 
 import io
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Module
-from difflet.runtime.schedule import GenerateParams, HostEnv, check_schedule, run_schedule
+from difflet.runtime.host import get_step
+from difflet.runtime.schedule import GenerateParams, HostEnv, RequestState, check_schedule, schedule_steps
 from difflet.runtime.validate import resolve_request
+from difflet.stepcache.plan import OFF, CachePlan, PlanResolver, StepHooks
 
 WARM_UP_PROMPT = "a warm-up image of a lighthouse at dusk"
 
@@ -29,6 +37,25 @@ class GenerateResult:
     image: Any  # uint8 numpy array [H, W, 3]
     png: bytes
     timings: dict[str, float]  # encode/denoise/decode/total, milliseconds
+    stats: dict = field(default_factory=dict)  # denoiser_calls, cached_steps, schedule, mode, ...
+
+
+@dataclass(frozen=True)
+class RequestParams(GenerateParams):
+    """GenerateParams plus the request's resolved step-cache plan."""
+
+    cache: CachePlan = OFF
+
+
+def tie_keys(module: Module, manifest: Mapping[str, Any]) -> dict:
+    """What a calibration file is tied to: probe and denoiser cache keys, denoiser weights."""
+    probes = [n for n in module.body if n.op.value == "probe"]
+    den = module.components("denoiser")
+    comps = manifest.get("components", {})
+    return {"probe_cache_key": probes[0].attrs.get("cache_key") if probes else None,
+            "denoiser_cache_key": den[0].attrs.get("cache_key") if den else None,
+            "denoiser_weights_sha256": comps.get(den[0].name, {}).get("weights", {}).get("sha256")
+            if den else None}
 
 
 def encode_png(image) -> bytes:
@@ -44,21 +71,28 @@ class ModelRunner:
     """Programs + host schedule of one module; `generate` is thread-safe and serialised."""
 
     def __init__(self, module: Module, programs: Mapping[str, Callable], host_dir: Path | str,
-                 manifest: Mapping[str, Any] | None = None) -> None:
+                 manifest: Mapping[str, Any] | None = None, probe: Callable | None = None,
+                 cache: str | None = "off") -> None:
         check_schedule(module, programs)
         self.env = HostEnv(module, programs, host_dir)
         self.manifest = dict(manifest or {})
+        self.probe = probe
+        self.env.asset("stepcache:probe", lambda: probe)  # per server; its state never read across requests
+        self._plans = PlanResolver(tie_keys(module, self.manifest), probe is not None)
+        self.default_cache = self._plans.resolve(cache)
         self._lock = threading.Lock()
 
     @classmethod
-    def from_artifacts(cls, root: Path | str, verify: bool = True) -> "ModelRunner":
+    def from_artifacts(cls, root: Path | str, verify: bool = True, cache: str | None = "off") -> "ModelRunner":
         from difflet.codegen.artifacts import load_artifacts
+        from difflet.codegen.probe import load_probe
 
         root = Path(root)
         if not root.is_dir():
             raise DiffletError("artifact directory does not exist", where=str(root))
         art = load_artifacts(root, verify=verify)
-        return cls(art.module, art.programs, art.host_dir, art.manifest)
+        probe = load_probe(root, art.manifest, art.module, verify=verify)
+        return cls(art.module, art.programs, art.host_dir, art.manifest, probe=probe, cache=cache)
 
     @property
     def module(self) -> Module:
@@ -68,19 +102,40 @@ class ModelRunner:
     def profile(self) -> dict[str, Any]:
         return self.env.profile.to_python()
 
-    def resolve(self, **fields: Any) -> GenerateParams:
-        return resolve_request(self.env.profile, **fields)
+    def resolve(self, cache: str | None = None, **fields: Any) -> RequestParams:
+        """Validate a request; `cache` None = the server's default mode (errors name `cache`)."""
+        params = resolve_request(self.env.profile, **fields)
+        plan = self.default_cache if cache is None else self._plans.resolve(cache, "cache")
+        return RequestParams(**asdict(params), cache=plan)
 
-    def generate(self, params: GenerateParams) -> GenerateResult:
-        return self._run(params)[1]
+    def generate(self, params: GenerateParams, on_step: Callable[[int, int, bool], Any] | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> GenerateResult:
+        return self._run(params, StepHooks(on_step, should_stop))[1]
 
-    def _run(self, params: GenerateParams):
+    def _run(self, params: GenerateParams, hooks: StepHooks = StepHooks()):
+        if not isinstance(params, RequestParams):
+            params = RequestParams(**asdict(params), cache=self.default_cache)
         with self._lock:
             start = time.perf_counter()
-            state = run_schedule(self.env, params)
+            state = self._run_schedule(params, hooks)
             png = encode_png(state.image)
             timings = dict(state.timings, total=(time.perf_counter() - start) * 1000.0)
-        return state, GenerateResult(params, state.image, png, timings)
+        stats = dict(state.values.get("cache_stats", {}))
+        return state, GenerateResult(params, state.image, png, timings, stats)
+
+    def _run_schedule(self, params: RequestParams, hooks: StepHooks) -> RequestState:
+        """schedule.run_schedule plus the step hooks (fresh state, steps in IR order, phase timings)."""
+        state = RequestState(params)
+        state.values["step_hooks"] = hooks
+        for step in schedule_steps(self.env.module):
+            hooks.before_step()
+            host = get_step(step.name)
+            t0 = time.perf_counter()
+            host.fn(self.env, step, state)
+            state.timings[host.phase] += (time.perf_counter() - t0) * 1000.0
+        if state.image is None:
+            raise DiffletError("the schedule finished without producing an image", where="schedule")
+        return state
 
     def warm_up(self) -> GenerateResult:
         """One real generation at the profile defaults, checked; raises RuntimeError if bad."""

@@ -7,8 +7,8 @@ Invariants:
 - Sampling state (CPU torch.Generator seeded with the request seed, a fresh scheduler instance)
   lives in `RequestState`, never in `HostEnv`.
 - FLUX attends its T5 padding, so `valid_text` crosses as its IR default (the padded length).
-- The denoise loop's single per-step transformer call is `predict_noise`: the seam that step
-  caching will replace.
+- The denoise loop's single per-step transformer call is `predict_noise`; `cached_loop` wraps
+  it with the host step-cache controller (a cached step never calls the transformer).
 """
 from __future__ import annotations
 
@@ -165,12 +165,10 @@ def timesteps_for(scheduler, num_steps: int, image_seq_len: int) -> torch.Tensor
     return scheduler.timesteps
 
 
-def predict_noise(env: HostEnv, component: str, state: RequestState, latents: torch.Tensor,
-                  t: torch.Tensor) -> torch.Tensor:
-    """One transformer call for step timestep `t` (the per-step seam)."""
+def denoiser_inputs(state: RequestState, latents: torch.Tensor, t: torch.Tensor) -> dict:
+    """The transformer's inputs for step timestep `t` by IR name (the probe reads the same)."""
     values = state.values
-    out = env.invoke(
-        component,
+    return dict(
         hidden_states=latents,
         encoder_hidden_states=values["encoder_hidden_states"],
         pooled_projections=values["pooled_projections"],
@@ -179,6 +177,12 @@ def predict_noise(env: HostEnv, component: str, state: RequestState, latents: to
         txt_ids=values["txt_ids"],
         **values["denoise_extra"],
     )
+
+
+def predict_noise(env: HostEnv, component: str, state: RequestState, latents: torch.Tensor,
+                  t: torch.Tensor) -> torch.Tensor:
+    """One transformer call for step timestep `t` (the per-step seam step caching wraps)."""
+    out = env.invoke(component, **denoiser_inputs(state, latents, t))
     return next(iter(out.values()))
 
 
@@ -201,10 +205,56 @@ def denoise(env: HostEnv, step: Node, state: RequestState) -> None:
 
     scheduler = make_scheduler(step)
     latents = state.values["latents"]
-    for t in timesteps_for(scheduler, state.params.steps, latents.shape[1]):
-        noise_pred = predict_noise(env, transformer, state, latents, t)
+    timesteps = timesteps_for(scheduler, state.params.steps, latents.shape[1])
+    state.values["latents"] = cached_loop(env, transformer, state, scheduler, timesteps, latents)
+
+
+def cached_loop(env: HostEnv, transformer: str, state: RequestState, scheduler, timesteps,
+                latents: torch.Tensor) -> torch.Tensor:
+    """The Euler loop with step caching decided on the host (difflet.stepcache.controller).
+
+    A full step calls the transformer, a cached step takes the estimator's output; both go
+    through the same `scheduler.step`. The probe (calibrated mode) runs before every step's
+    decision. Hooks: stop check before each step, progress after it. Stats land in
+    `state.values["cache_stats"]`.
+    """
+    import time
+
+    from difflet.stepcache.plan import OFF, StepHooks
+
+    plan = getattr(state.params, "cache", None) or OFF
+    hooks = state.values.get("step_hooks") or StepHooks()
+    total = len(timesteps)
+    cache = plan.controller(total)  # fresh per request
+    probe = env.asset("stepcache:probe", lambda: None) if cache.needs_probe or plan.record else None
+    if (cache.needs_probe or plan.record) and probe is None:
+        raise DiffletError("calibrated step caching needs the probe program, and none is loaded",
+                           where="cache")
+    ms = {"full_step_ms": 0.0, "cached_step_ms": 0.0, "probe_ms": 0.0}
+    scores: list[float | None] = []
+    for i, t in enumerate(timesteps):
+        hooks.before_step()
+        score = None
+        if probe is not None:
+            start = time.perf_counter()
+            score = probe(denoiser_inputs(state, latents, t))
+            if i == 0:
+                score = None  # it compares with an earlier request's last feature: never read
+            scores.append(score)
+            ms["probe_ms"] += (time.perf_counter() - start) * 1000.0
+        start = time.perf_counter()  # step cost without the probe: decision + output + update
+        cached = cache.decide(i, score)
+        if cached:
+            noise_pred = cache.cached()
+        else:
+            noise_pred = predict_noise(env, transformer, state, latents, t)
+            cache.full(noise_pred)
         latents = scheduler.step(noise_pred, t, latents, return_dict=False)[0]
-    state.values["latents"] = latents
+        ms["cached_step_ms" if cached else "full_step_ms"] += (time.perf_counter() - start) * 1000.0
+        hooks.after_step(i, total, cached)
+    state.values["cache_stats"] = dict(cache.stats(), probe_calls=len(scores), scores=scores,
+                                       changes=list(cache.changes), **ms)
+    return latents
 
 
 @host_step("flux.decode", phase="decode")

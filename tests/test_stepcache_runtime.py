@@ -1,0 +1,176 @@
+"""Step caching in the runner on flux-tiny's eager programs (fast, nothing compiled).
+
+Oracle: diffusers' FluxPipeline on the same checkpoint with its transformer's forward replaced by
+a hand-written cached schedule (full calls, and `prev + (out - prev)` estimates at the steps the
+rule names), so any difference is the host loop's. Determinism and hooks are checked against
+the runner's own uncached/earlier outputs.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from difflet.errors import DiffletError
+from difflet.runtime.cancel import Cancelled
+from difflet.runtime.runner import ModelRunner
+
+
+@pytest.fixture(scope="module")
+def probe_module():
+    from difflet.frontend.lower import lower_file
+    from difflet.passes.pipeline import optimize
+    from tests.conftest import FLUX_TINY_DSL
+
+    return optimize(lower_file(str(FLUX_TINY_DSL)), parallel="tp1", target="cpu", backend="inductor",
+                    probe="separate")
+
+
+@pytest.fixture(scope="module")
+def runner(probe_module, flux_tiny_ckpt):
+    from difflet.codegen.artifacts import eager_programs
+    from difflet.codegen.probe import eager_probe
+
+    return ModelRunner(probe_module, eager_programs(probe_module, flux_tiny_ckpt), flux_tiny_ckpt,
+                       probe=eager_probe(probe_module, flux_tiny_ckpt))
+
+
+def pipeline_with_schedule(ckpt, cached_steps: set[int]):
+    """FluxPipeline whose transformer follows the estimator rule by hand at `cached_steps`."""
+    from diffusers import FluxPipeline
+
+    pipe = FluxPipeline.from_pretrained(str(ckpt))
+    pipe.set_progress_bar_config(disable=True)
+    real = pipe.transformer.forward
+    seen = {"i": 0, "prev": None, "delta": None}
+
+    def forward(*args, **kwargs):
+        i = seen["i"]
+        seen["i"] += 1
+        if i in cached_steps:
+            out = seen["prev"] + seen["delta"]          # previous used output + last change
+        else:
+            out = real(*args, **kwargs)[0].float()
+            if seen["prev"] is not None:
+                seen["delta"] = out - seen["prev"]     # change vs the previous *used* output
+        seen["prev"] = out
+        return (out,)
+
+    pipe.transformer.forward = forward
+    return pipe
+
+
+def test_cadence_matches_pipeline_with_hand_schedule(runner, flux_tiny_ckpt):
+    # 14 steps, keep 5 + 5: window 5..8, cadence 2 -> full 5, 7; cached 6, 8
+    params = runner.resolve(prompt="a red fox in the snow", seed=42, steps=14, cache="cadence:2")
+    ours = runner.generate(params)
+    assert ours.stats["schedule"] == "FFFFFFCFCFFFFF"
+    assert (ours.stats["denoiser_calls"], ours.stats["cached_steps"]) == (12, 2)
+    pipe = pipeline_with_schedule(flux_tiny_ckpt, {6, 8})
+    ref = pipe("a red fox in the snow", generator=torch.Generator("cpu").manual_seed(42), num_inference_steps=14,
+               guidance_scale=params.guidance, height=32, width=32, max_sequence_length=32, output_type="pil")
+    assert np.array_equal(ours.image, np.asarray(ref.images[0]))
+    uncached = runner.generate(runner.resolve(prompt="a red fox in the snow", seed=42, steps=14))
+    assert uncached.stats["cached_steps"] == 0 and not np.array_equal(uncached.image, ours.image)
+
+
+def test_hooks_report_every_step_and_stop_cancels(runner):
+    seen = []
+    params = runner.resolve(prompt="blue circle", seed=3, steps=14, cache="cadence:2")
+    result = runner.generate(params, on_step=lambda i, n, c: seen.append((i, n, c)))
+    assert seen == [(i, 14, i in (6, 8)) for i in range(14)]
+    calls = []
+
+    def stop():
+        calls.append(1)
+        return len(seen) >= 17  # 3 steps into a second generation
+
+    with pytest.raises(Cancelled):
+        runner.generate(params, on_step=lambda i, n, c: seen.append((i, n, c)), should_stop=stop)
+    assert len(seen) == 17 and calls
+    again = runner.generate(params)  # a cancelled request leaves no state behind
+    assert again.png == result.png
+
+
+@pytest.fixture(scope="module")
+def calibration_file(runner, tmp_path_factory):
+    from difflet.stepcache.calibrate import calibrate
+    from difflet.stepcache.calibration import write_calibration
+
+    data = calibrate(runner, ["a cat", "a house by a lake", "red and green stripes"], steps=20)
+    path = tmp_path_factory.mktemp("cal") / "cal.json"
+    write_calibration(path, data)
+    return path, data
+
+
+def test_same_request_is_byte_identical_whatever_ran_before(runner, calibration_file):
+    path, _ = calibration_file
+    for mode in ("cadence:2", "online-delta:1.5", f"calibrated:{path}"):
+        params = runner.resolve(prompt="a lighthouse", seed=11, steps=20, cache=mode)
+        first = runner.generate(params)
+        runner.generate(runner.resolve(prompt="something else entirely", seed=5, steps=17,
+                                       cache="calibrated:%s:0.01:step" % path))
+        runner.generate(runner.resolve(prompt="and another", seed=6, steps=20, cache="online-delta:9"))
+        assert runner.generate(params).png == first.png, mode
+
+
+def test_calibrated_mode_runs_the_probe_every_step(runner, calibration_file):
+    path, data = calibration_file
+    res = runner.generate(runner.resolve(prompt="a lighthouse", seed=11, steps=20, cache=f"calibrated:{path}"))
+    assert res.stats["probe_calls"] == 20 and res.stats["scores"][0] is None
+    assert res.stats["denoiser_calls"] + res.stats["cached_steps"] == 20
+    assert all(s == "F" for s in res.stats["schedule"][:5] + res.stats["schedule"][-5:])
+    # a huge threshold caches the whole window (the estimate is never reached)
+    big = runner.generate(runner.resolve(prompt="a lighthouse", seed=11, steps=20, cache=f"calibrated:{path}:1e9"))
+    assert big.stats["schedule"] == "F" * 5 + "C" * 10 + "F" * 5
+
+
+def test_calibration_file_content(calibration_file, runner):
+    from difflet.ir.nodes import Op
+    from difflet.stepcache.calibration import read_calibration
+
+    data = read_calibration(calibration_file[0])
+    assert data["format"] == "difflet-stepcache-calibration" and data["version"] == 1
+    assert data["probe_cache_key"] == runner.module.find(Op.PROBE)[0].attrs["cache_key"]
+    assert len(data["coefficients"]) == 3 and data["threshold"] > 0
+    expected = "calibrated" if data["r2"] >= 0.5 else ("online-delta" if data["neighbour_r"] >= 0.5 else "cadence")
+    assert data["selected"] == expected
+    # default target: cadence 2's skip budget at 20 steps (window 10 -> 5 cached), replayed per prompt
+    assert data["target"]["skip_budget"] == 5
+    assert np.mean(data["replayed_skips"]) >= 5
+
+
+@pytest.mark.parametrize("cache,phrase", [
+    ("cadence:1", "outside"), ("calibrated:/nonexistent/cal.json", "does not exist"), ("nope", "unknown"),
+])
+def test_bad_cache_override_names_the_field(runner, cache, phrase):
+    with pytest.raises(DiffletError) as err:
+        runner.resolve(prompt="x", seed=0, cache=cache)
+    assert err.value.where == "cache" and phrase in str(err.value)
+
+
+def test_calibration_for_other_programs_is_refused(runner, calibration_file, tmp_path):
+    import json
+
+    path = calibration_file[0]
+    data = json.loads(path.read_text())
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(dict(data, denoiser_cache_key="0" * 64)))
+    with pytest.raises(DiffletError, match="another artifact") as err:
+        runner.resolve(prompt="x", seed=0, cache=f"calibrated:{other}")
+    assert err.value.where == "cache"
+
+
+def test_calibrated_needs_a_probe(flux_tiny_module, flux_tiny_ckpt, calibration_file):
+    from difflet.codegen.artifacts import eager_programs
+
+    plain = ModelRunner(flux_tiny_module, eager_programs(flux_tiny_module, flux_tiny_ckpt), flux_tiny_ckpt,
+                        cache="cadence:2")
+    assert plain.default_cache.mode.cadence == 2
+    with pytest.raises(DiffletError, match="probe") as err:
+        plain.resolve(prompt="x", seed=0, cache=f"calibrated:{calibration_file[0]}")
+    assert err.value.where == "cache"
+    with pytest.raises(DiffletError) as err:
+        ModelRunner(flux_tiny_module, eager_programs(flux_tiny_module, flux_tiny_ckpt), flux_tiny_ckpt,
+                    cache="cadence:0")
+    assert err.value.where == "cache"
