@@ -3,8 +3,9 @@
 Layout (manifest.json says the same as data):
   manifest.json                           format, model, versions, components, schedule
   module.ir                               the planned IR (difflet.ir.binary)
-  programs/<name>.rank0.pt2               compiled programs, hard-linked from the store
-  weights/<name>.rank0.safetensors        each program's constants, from the checkpoint
+  programs/<name>.rank<r>.pt2             compiled programs, hard-linked from the store (a split
+                                          component has one per rank, listed under "ranks")
+  weights/<name>.rank<r>.safetensors      each program's constants, from the checkpoint (presharded)
   host/{tokenizer,tokenizer_2,scheduler}  what the host schedule needs, copied from the checkpoint
 
 Invariants:
@@ -132,7 +133,8 @@ def read_manifest(root: Path) -> dict:
 
 
 def load_artifacts(root: str | os.PathLike, verify: bool = True) -> Artifacts:
-    """Load ART/: manifest, planned module, host dir and one loaded Program per component."""
+    """Load ART/: manifest, planned module, host dir and one loaded Program per component (a
+    split component: a SplitProgram whose rank workers run until `.close()` or exit)."""
     from difflet.codegen.backends import load_runner
     from difflet.ir import binary
 
@@ -153,8 +155,18 @@ def load_artifacts(root: str | os.PathLike, verify: bool = True) -> Artifacts:
                 raise DiffletError(f"program of {name!r} was built for cache key {comp['cache_key'][:12]}... "
                                    f"but module.ir says {str(node.attrs.get('cache_key'))[:12]}...; "
                                    "re-run `difflet codegen`", where=root / comp["program"]["path"])
-            _check_hash(root, comp["program"], f"program of {name!r}")
-            _check_hash(root, comp["weights"], f"weights of {name!r}")
+            ranks = comp.get("ranks") or [comp]
+            for r, files in enumerate(ranks):
+                which = f" (rank {r})" if len(ranks) > 1 else ""
+                _check_hash(root, files["program"], f"program of {name!r}{which}")
+                _check_hash(root, files["weights"], f"weights of {name!r}{which}")
+        if len(comp.get("ranks") or ()) > 1:
+            from difflet.codegen.split_codegen import split_program
+
+            programs[name] = split_program(node, manifest["backend"],
+                                           [root / f["program"]["path"] for f in comp["ranks"]],
+                                           [root / f["weights"]["path"] for f in comp["ranks"]])
+            continue
         runner = load_runner(manifest["backend"], root / comp["program"]["path"], root / comp["weights"]["path"])
         programs[name] = Program(node, runner)
     return Artifacts(root, manifest, module, root / manifest.get("host", "host"), programs)

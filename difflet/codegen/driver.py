@@ -41,9 +41,12 @@ def _require_planned(module: Module) -> None:
             raise DiffletError(f"component {comp.name!r} has no cache_key; run `difflet opt` first",
                                where=comp.loc)
         for layout in comp.find(Op.LAYOUT):
-            if layout.attrs.get("world", 1) != 1:
+            from difflet.codegen.split_layout import unsupported_reason
+
+            reason = unsupported_reason(comp)
+            if reason:
                 raise DiffletError(f"component {comp.name!r} is planned for {layout.attrs.get('world')} ranks; "
-                                   "codegen builds single-rank (tp1) programs only so far", where=layout.loc)
+                                   f"{reason}", where=layout.loc)
 
 
 def _copy_host(ckpt: Path, module: Module, host: Path) -> dict[str, str]:
@@ -75,6 +78,7 @@ def codegen(module: Module, weights: str | os.PathLike, out: str | os.PathLike, 
     from difflet.codegen.backends import get_backend
     from difflet.codegen.build import build_program_module
     from difflet.codegen.checkpoint import resolve_weights
+    from difflet.codegen.split_codegen import world as split_world
     from difflet.codegen.store import Store, link_or_copy
     from difflet.ir import binary
 
@@ -92,6 +96,14 @@ def codegen(module: Module, weights: str | os.PathLike, out: str | os.PathLike, 
     for comp in module.components():
         key = comp.attrs["cache_key"]
         start = time.perf_counter()
+        if split_world(comp) > 1:
+            components[comp.name], created = _codegen_split(module, comp, ckpt, the_store, backend, out)
+            seconds = time.perf_counter() - start
+            result.seconds[comp.name] = seconds
+            (result.compiled if created else result.reused).append(comp.name)
+            log(f"compiling {comp.name} on {split_world(comp)} ranks ... {seconds:.1f} s" if created
+                else f"reused {comp.name} x{split_world(comp)} ranks (key {key[:8]})")
+            continue
         pm = build_program_module(comp, ckpt)
         entry, created = the_store.get_or_create(backend, key, lambda tmp: be.compile_entry(comp, pm, tmp),
                                                  directory=True)
@@ -110,6 +122,9 @@ def codegen(module: Module, weights: str | os.PathLike, out: str | os.PathLike, 
             "outputs": [value_json(v) for v in _values(comp, "output")],
         }
         del pm
+    from difflet.codegen.probe import codegen_probe  # the step-caching probe: own program and key
+
+    probe = codegen_probe(module, ckpt, the_store, backend, out, result, log)
     binary.save(module, out / MODULE_FILE)
     host = _copy_host(ckpt, module, out / "host")
     manifest = {
@@ -120,6 +135,7 @@ def codegen(module: Module, weights: str | os.PathLike, out: str | os.PathLike, 
         "module": {"path": MODULE_FILE, "sha256": sha256_file(out / MODULE_FILE)},
         "host": "host", "host_files": host, "weights_source": str(weights),
         "components": components, "runtime": runtime_json(module), "schedule": schedule_json(module),
+        **({"probe": probe} if probe else {}),
     }
     tmp = out / f".{MANIFEST}.tmp"
     tmp.write_text(json.dumps(manifest, indent=2))
@@ -127,6 +143,35 @@ def codegen(module: Module, weights: str | os.PathLike, out: str | os.PathLike, 
     result.manifest = manifest
     log(f"compiled {len(result.compiled)}, reused {len(result.reused)}")
     return result
+
+
+def _codegen_split(module: Module, comp, ckpt: Path, store, backend: str, out: Path) -> tuple[dict, bool]:
+    """Per-rank programs (compiled in rank workers, or reused) and presharded weights of `comp`;
+    returns its manifest entry (rank 0's files also under program/weights) and whether it compiled."""
+    from safetensors.torch import save_file
+
+    from difflet.codegen.split_codegen import compile_split, degrees, rank_weights
+    from difflet.codegen.store import link_or_copy
+
+    if backend != "inductor":
+        raise DiffletError(f"split programs of {comp.name!r} are built for the inductor backend only so far",
+                           where="--backend")
+    entries, created = compile_split(module, comp, ckpt, store, backend)
+    ranks = []
+    for r, entry in enumerate(entries):
+        prog_rel, weights_rel = program_paths(comp.name, r)
+        link_or_copy(entry / "program.pt2", out / prog_rel)
+        save_file(rank_weights(comp, ckpt, entry, r, backend), str(out / weights_rel))
+        ranks.append({"program": {"path": prog_rel, "sha256": sha256_file(out / prog_rel)},
+                      "weights": {"path": weights_rel, "sha256": sha256_file(out / weights_rel)}})
+    entry = {
+        "role": comp.attrs.get("role"), "class": comp.attrs.get("class"), "cache_key": comp.attrs["cache_key"],
+        "program": ranks[0]["program"], "weights": ranks[0]["weights"],
+        "world": len(entries), "degrees": degrees(comp), "ranks": ranks,
+        "inputs": [value_json(v) for v in _values(comp, "input")],
+        "outputs": [value_json(v) for v in _values(comp, "output")],
+    }
+    return entry, created
 
 
 def _values(comp, op: str):

@@ -1,0 +1,122 @@
+"""Per-rank programs of a split component: compile in rank workers, preshard weights, load.
+
+Invariants:
+- Rank r's program is the store entry `rank_key(cache_key, r, world)`: the cache key plus the
+  rank, so every rank's program is content-addressed separately and a hit never compiles.
+- Compilation runs in `world` gloo rank processes that call `make_groups` first thing (the
+  compiled graph bakes in the process-group names), each exporting its own rank module; all
+  ranks trace together because export runs the module, collectives included.
+- Presharded weights are cut in this process from the full checkpoint with no process group
+  (sharding needs only the rank's coordinates), written as weights/<name>.rank<r>.safetensors:
+  loading never reshards.
+- `split_program_from_art` / `eager_split_program` give a `SplitProgram` with the Program call
+  convention (full tensors in, full outputs back); the visual scatter and the output gather are
+  inside each rank's program (see split_layout.RankProgramModule).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from difflet.codegen.split_layout import build_rank_module, layout_of
+from difflet.ir.nodes import Node
+
+
+def degrees(node: Node) -> dict[str, int]:
+    la = layout_of(node).attrs
+    return {a: int(la.get(a, 1)) for a in ("dp", "cfg", "cp", "tp")}
+
+
+def world(node: Node) -> int:
+    return int(layout_of(node).attrs.get("world", 1))
+
+
+def rank_key(cache_key: str, rank: int, world_size: int) -> str:
+    """The store key of one rank's program (hex, like every store key)."""
+    return hashlib.sha256(f"{cache_key}:rank{rank}/{world_size}".encode()).hexdigest()
+
+
+def static_groups(node: Node, rank: int):
+    """This rank's RankGroups without process groups: enough to shard weights, not to run."""
+    from difflet.parallel.groups import AXES, RankGroups, axis_groups, coords
+
+    deg = degrees(node)
+    ranks = {a: next(g for g in axis_groups(deg, a) if rank in g) for a in AXES}
+    return RankGroups(rank, deg, coords(rank, deg), ranks, {a: None for a in AXES})
+
+
+def _compile_rank(rank: int, world_size: int, module_bytes: bytes, name: str, ckpt: str,
+                  store_root: str, backend: str) -> bool:
+    """Body of one compile rank (run by run_ranks): export + compile this rank's program."""
+    from difflet.codegen.backends import get_backend
+    from difflet.codegen.store import Store
+    from difflet.ir import binary
+    from difflet.parallel.groups import make_groups
+
+    node = binary.decode(module_bytes).component(name)
+    groups = make_groups(degrees(node))  # first group creation in this process: names match loaders
+    be = get_backend(backend)
+    pm = build_rank_module(node, ckpt, groups)
+    _, created = Store(store_root).get_or_create(
+        backend, rank_key(node.attrs["cache_key"], rank, world_size),
+        lambda tmp: be.compile_entry(node, pm, tmp), directory=True)
+    return created
+
+
+def compile_split(module, node: Node, ckpt: str | os.PathLike, store, backend: str = "inductor",
+                  timeout: float = 1800.0) -> tuple[list[Path], bool]:
+    """Every rank's store entry for `node` (compiling in rank workers if any is missing);
+    returns (entries in rank order, whether anything was compiled)."""
+    from difflet.ir import binary
+    from difflet.parallel.launch import run_ranks
+
+    n = world(node)
+    keys = [rank_key(node.attrs["cache_key"], r, n) for r in range(n)]
+    created = False
+    if not all(store.has(backend, k) for k in keys):
+        # every rank must take part: export runs the collectives, so all ranks trace together
+        made = run_ranks(_compile_rank, n, binary.encode(module), node.name, str(ckpt), str(store.root),
+                         backend, timeout=timeout)
+        created = any(made)
+    return [store.path(backend, k) for k in keys], created
+
+
+def rank_weights(node: Node, ckpt: str | os.PathLike, entry: Path, rank: int, backend: str = "inductor"):
+    """Rank `rank`'s presharded constants for the program in `entry`."""
+    from difflet.codegen.backends import get_backend
+
+    pm = build_rank_module(node, ckpt, static_groups(node, rank))
+    return get_backend(backend).program_weights(pm, entry)
+
+
+def load_compiled_rank(rank: int, groups, backend: str, program: str, weights: str):
+    """Worker loader: the rank's compiled program with its presharded weights."""
+    from difflet.codegen.backends import load_runner
+
+    return load_runner(backend, Path(program), Path(weights))
+
+
+def load_eager_rank(rank: int, groups, module_bytes: bytes, name: str, ckpt: str):
+    """Worker loader: the rank's uncompiled split module (same numerics as its program)."""
+    from difflet.ir import binary
+
+    return build_rank_module(binary.decode(module_bytes).component(name), ckpt, groups)
+
+
+def split_program(node: Node, backend: str, programs: list[Path], weights: list[Path], **kw):
+    """A SplitProgram over compiled per-rank programs (rank order)."""
+    from difflet.parallel.workers import SplitProgram
+
+    args = [(backend, str(p), str(w)) for p, w in zip(programs, weights, strict=True)]
+    return SplitProgram(node, degrees(node), load_compiled_rank, args, **kw)
+
+
+def eager_split_program(module, node: Node, ckpt: str | os.PathLike, **kw):
+    """A SplitProgram over uncompiled rank modules built from the checkpoint."""
+    from difflet.ir import binary
+    from difflet.parallel.workers import SplitProgram
+
+    data = binary.encode(module)
+    return SplitProgram(node, degrees(node), load_eager_rank,
+                        [(data, node.name, str(ckpt))] * world(node), **kw)

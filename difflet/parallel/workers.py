@@ -1,0 +1,169 @@
+"""Resident rank workers: one process per rank over gloo, driving one split program together.
+
+`SplitProgram(node, degrees, loader, per_rank_args)` starts `world` worker processes; each
+initializes the gloo default group, calls `make_groups(degrees)` *first* (compiled programs
+bake in group names, which are torch's creation counter), then builds its runner with
+`loader(rank, groups, *per_rank_args[rank])`. A call sends the same full inputs to every rank,
+every rank runs its runner (the runners do their own scatter/gather), and rank 0's outputs come
+back.
+
+Invariants:
+- Same call convention as codegen's `Program`: `__call__(*tensors) -> tuple[Tensor, ...]` on
+  full, rank-0-visible tensors, checked against the IR input types first (it wraps a Program).
+- This module imports difflet.codegen lazily (Program, for the call convention): the only
+  upward reference of the parallel layer, kept so the runtime can use either kind of program.
+- `loader` is importable by name (a module-level function) and returns `runner(*tensors)`.
+- A failing rank raises `RankError` with its traceback; a hang is bounded by `timeout` (and a
+  rank whose call outlives it dumps its Python stack to stderr). After
+  an error or `close()` the program is unusable and no worker outlives it (also on GC/exit).
+- Calls are serialized (one in flight): the ranks' collectives must pair up in order.
+"""
+from __future__ import annotations
+
+import io
+import os
+import threading
+import traceback
+from datetime import timedelta
+
+import torch
+
+from difflet.parallel.launch import RankError, free_port
+
+
+def _dumps(obj) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _loads(payload: bytes):
+    return torch.load(io.BytesIO(payload), weights_only=False)
+
+
+def _worker(rank, world, port, degrees, loader, args, inbox, outbox, threads, timeout) -> None:
+    import faulthandler
+    import sys
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads)  # ranks share the cores: oversubscription only adds noise
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, timeout=timedelta(seconds=120))
+        from difflet.parallel.groups import make_groups
+
+        groups = make_groups(degrees)  # before any other group: names must match the compile
+        runner = loader(rank, groups, *args)
+        outbox.put((rank, "ready", b""))
+    except BaseException:  # noqa: BLE001 - every failure must reach the host, not hang it
+        outbox.put((rank, "error", traceback.format_exc()))
+        return
+    while True:
+        msg = inbox.get()
+        if msg is None:
+            break
+        # a call outliving the host's timeout leaves this rank's stack on stderr (hang diagnosis)
+        faulthandler.dump_traceback_later(timeout, exit=False, file=sys.stderr)
+        try:
+            with torch.no_grad():
+                out = tuple(runner(*_loads(msg)))
+            faulthandler.cancel_dump_traceback_later()
+            outbox.put((rank, "ok", _dumps(out) if rank == 0 else b""))
+        except BaseException:  # noqa: BLE001
+            outbox.put((rank, "error", traceback.format_exc()))
+            break
+    dist.destroy_process_group()
+
+
+class SplitProgram:
+    """A split component's program over `world` resident rank workers (see module docstring)."""
+
+    def __init__(self, node, degrees: dict, loader, per_rank_args: list[tuple], timeout: float = 300.0,
+                 threads: int = 1) -> None:
+        import torch.multiprocessing as mp
+
+        from difflet.codegen.artifacts import Program
+
+        self.world = len(per_rank_args)
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._broken: str | None = None
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "difflet.parallel.workers"])
+        self._outbox = ctx.Queue()
+        self._inboxes = [ctx.Queue() for _ in range(self.world)]
+        port = free_port()
+        self._procs = [ctx.Process(target=_worker, daemon=True,
+                                   args=(r, self.world, port, dict(degrees), loader, tuple(per_rank_args[r]),
+                                         self._inboxes[r], self._outbox, threads, timeout))
+                       for r in range(self.world)]
+        for p in self._procs:
+            p.start()
+        self._program = Program(node, self._dispatch)
+        self.name, self.inputs, self.outputs = node.name, self._program.inputs, self._program.outputs
+        try:
+            self._collect("loading")
+        except BaseException:
+            self.close()
+            raise
+
+    def _collect(self, what: str):
+        """Wait for one report per rank; return rank 0's payload; on any error, break."""
+        payload = None
+        for _ in range(self.world):
+            try:
+                rank, status, data = self._outbox.get(timeout=self.timeout)
+            except Exception as exc:  # queue.Empty: a rank hung or died silently
+                self._broken = f"rank workers did not finish {what} within {self.timeout:.0f}s"
+                raise RankError(f"{self._broken}; exit codes {[p.exitcode for p in self._procs]}") from exc
+            if status == "error":
+                self._broken = f"rank {rank} failed while {what}"
+                raise RankError(f"{self._broken}:\n{data}")
+            if rank == 0:
+                payload = data
+        return payload
+
+    def _dispatch(self, *tensors):
+        with self._lock:
+            if self._broken:
+                raise RankError(f"split program {self.name!r} is unusable: {self._broken}")
+            msg = _dumps(tuple(t.contiguous() for t in tensors))
+            for box in self._inboxes:
+                box.put(msg)
+            return _loads(self._collect("running"))
+
+    def __call__(self, *tensors):
+        return self._program(*tensors)
+
+    def close(self) -> None:
+        """Stop every worker (idempotent)."""
+        if not getattr(self, "_procs", None):
+            return
+        self._broken = self._broken or "closed"
+        for box, p in zip(self._inboxes, self._procs):
+            if p.is_alive():
+                box.put(None)
+        for p in self._procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        self._procs = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter teardown
+            pass
+
+    def __repr__(self) -> str:
+        return (f"SplitProgram({self.name} on {self.world} ranks: {[v.name for v in self.inputs]} -> "
+                f"{[v.name for v in self.outputs]})")
