@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from difflet.ir.nodes import Module
-from difflet.passes import legality, memory
+from difflet.passes import component_tp, legality, memory
 from difflet.passes.extract_probe import extract_probe
 from difflet.passes.parallel_config import ParallelConfig, enumerate_configs
 from difflet.passes.plan_parallel import plan_parallel
@@ -20,6 +20,14 @@ class Row:
     config: ParallelConfig
     memory_gib: float
     violations: tuple[legality.Violation, ...]
+    component_tp: tuple[tuple[str, int], ...] = ()   # every encoder/decoder's own tp
+    auto: tuple[str, ...] = ()                       # those raised by component_tp.resolve
+
+    def components(self) -> str:
+        """The encoders/decoders not at tp1, e.g. `text_encoder tp2 (auto)`; `all tp1` if none."""
+        parts = [f"{n} tp{d}" + (" (auto)" if n in self.auto else "")
+                 for n, d in self.component_tp if d != 1]
+        return ", ".join(parts) or "all tp1"
 
     @property
     def legal(self) -> bool:
@@ -28,9 +36,11 @@ class Row:
 
 def judge(m: Module, opts, config: ParallelConfig) -> Row:
     target = load_target(opts.target)
-    planned = extract_probe(plan_parallel(m, config, opts.component_tp), opts.probe)
+    ctp, auto = component_tp.resolve(m, config, opts.component_tp, target, opts.probe)
+    planned = extract_probe(plan_parallel(m, config, ctp, auto), opts.probe)
     found = legality.check(planned, target, opts.backend, config.world)
-    return Row(config, memory.estimate(planned, target).total / memory.GIB, tuple(found))
+    return Row(config, memory.estimate(planned, target).total / memory.GIB, tuple(found),
+               tuple(ctp.items()), auto)
 
 
 def rows(m: Module, opts, cores: int) -> list[Row]:
@@ -42,14 +52,23 @@ def legal_labels(m: Module, opts) -> list[str]:
 
 
 def table(m: Module, opts, cores: int) -> str:
-    """A markdown table: config | est. memory per core | verdict (the first rule that rejects)."""
+    """A markdown table: config | est. memory per core | encoder/decoder tp | verdict (the first
+    rule that rejects, with the component it names)."""
     target = load_target(opts.target)
-    out = [f"| config | memory/core (of {target['memory_per_core_gib']} GiB) | verdict |",
-           "|---|---|---|"]
+    out = [f"| config | memory/core (of {target['memory_per_core_gib']} GiB) | encoders/decoders | verdict |",
+           "|---|---|---|---|"]
     for r in rows(m, opts, cores):
-        v = "legal" if r.legal else f"{r.violations[0].rule}: {r.violations[0].message.splitlines()[0]}"
-        out.append(f"| {r.config.label()} | {r.memory_gib:.1f} GiB | {v} |")
+        out.append(f"| {r.config.label()} | {r.memory_gib:.1f} GiB | {r.components()} | {verdict(r)} |")
     return "\n".join(out)
 
 
-__all__ = ["Row", "judge", "rows", "legal_labels", "table"]
+def verdict(r: Row) -> str:
+    """`legal`, or the first violation's rule, component and first message line."""
+    if r.legal:
+        return "legal"
+    v = r.violations[0]
+    where = f" ({v.component})" if v.component else ""
+    return f"{v.rule}{where}: {v.message.splitlines()[0]}"
+
+
+__all__ = ["Row", "judge", "rows", "legal_labels", "table", "verdict"]

@@ -85,10 +85,12 @@ def tp_heads(m: Module, ctx: Context) -> list[Violation]:
     out = [Violation("tp-heads", f"heads {s.attrs['heads']} not divisible by tp = {lay.attrs['tp']}",
                      c.name, s.loc) for c, lay, s in _den_sites(m) if s.attrs["heads"] % lay.attrs["tp"]]
     for comp in m.components():
-        tp, cfg = _layout(comp).attrs["tp"], F.config(comp)
-        for key in ("num_attention_heads", "num_heads", "num_key_value_heads"):
-            if tp > 1 and comp.attrs.get("role") != "denoiser" and cfg.get(key) and cfg[key] % tp:
-                out.append(Violation("tp-heads", f"{key} {cfg[key]} not divisible by tp = {tp}",
+        tp = _layout(comp).attrs["tp"]
+        if tp == 1 or comp.attrs.get("role") == "denoiser":
+            continue
+        for key, n in F.head_counts(comp):
+            if n % tp:
+                out.append(Violation("tp-heads", f"{key} {n} not divisible by tp = {tp}",
                                      comp.name, comp.loc))
     return out
 

@@ -93,6 +93,21 @@ def mlp_hidden(comp: Node) -> int:
     return int(float(cfg.get("mlp_ratio", 4.0)) * hidden_size(comp))
 
 
+HEAD_KEYS = ("num_attention_heads", "num_heads", "num_key_value_heads")
+
+
+def head_counts(comp: Node) -> list[tuple[str, int]]:
+    """(config key, count) of every attention/KV head count a TP split must divide: the
+    config's own keys and its `text_config`'s (multimodal encoders split only their language
+    model, so a `vision_config` is not listed)."""
+    cfg = config(comp)
+    out = [(k, int(cfg[k])) for k in HEAD_KEYS if isinstance(cfg.get(k), int)]
+    text = cfg.get("text_config")
+    if isinstance(text, Attrs):
+        out += [(f"text_config.{k}", int(text[k])) for k in HEAD_KEYS if isinstance(text.get(k), int)]
+    return out
+
+
 def dtype_bytes(dtype: str) -> int:
     return DTYPE_BYTES.get(dtype, 4)
 

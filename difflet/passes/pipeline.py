@@ -17,7 +17,7 @@ import msgspec
 
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Module, Op
-from difflet.passes import cache_key, legality
+from difflet.passes import cache_key, component_tp, legality
 from difflet.passes import model_facts as F
 from difflet.passes.extract_probe import extract_probe
 from difflet.passes.parallel_config import ParallelConfig, parse_parallel
@@ -40,7 +40,9 @@ def _plan(m: Module, o: Options) -> Module:
     if m.level != "pipeline" and m.level != "planned":
         raise DiffletError(f"difflet opt takes pipeline-level IR, got level {m.level!r}",
                            where=m.attrs.get("source", m.name))
-    planned = plan_parallel(m, o.parallel, o.component_tp)
+    # encoders/decoders that do not fit replicated beside the denoiser get their own tp
+    ctp, auto = component_tp.resolve(m, o.parallel, o.component_tp, load_target(o.target), o.probe)
+    planned = plan_parallel(m, o.parallel, ctp, auto)
     return msgspec.structs.replace(planned, attrs=planned.attrs.set(target=o.target))
 
 

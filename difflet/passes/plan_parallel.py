@@ -152,8 +152,10 @@ def layout_for(module: Module, comp: Node, pc: ParallelConfig, world: int) -> No
 
 
 def plan_parallel(module: Module, config: ParallelConfig,
-                  component_tp: Mapping[str, int] | None = None) -> Module:
-    """Add (or replace) each component's layout; record the model config in module attrs."""
+                  component_tp: Mapping[str, int] | None = None, auto: tuple[str, ...] = ()) -> Module:
+    """Add (or replace) each component's layout; record in module attrs the model config,
+    `component_tp` (every encoder/decoder's own tp) and `component_tp_auto` (the names whose
+    tp component_tp.resolve raised because they did not fit replicated)."""
     ctp = dict(component_tp or {})
     body = []
     for node in module.body:
@@ -162,8 +164,10 @@ def plan_parallel(module: Module, config: ParallelConfig,
             kept = tuple(n for n in node.body if n.op != Op.LAYOUT)
             node = _replace(node, body=kept + (layout_for(module, node, pc, config.world),))
         body.append(node)
-    attrs = module.attrs.set(parallel=config.to_attrs(),
-                             component_tp=Attrs({k: int(v) for k, v in sorted(ctp.items())}))
+    own = {n.name: int(ctp.get(n.name, 1)) for n in module.body
+           if n.op == Op.COMPONENT and n.attrs.get("role") != "denoiser"}
+    attrs = module.attrs.set(parallel=config.to_attrs(), component_tp=Attrs(own),
+                             component_tp_auto=tuple(auto))
     return Module(module.name, "planned", attrs, tuple(body), module.loc)
 
 
