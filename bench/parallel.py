@@ -1,5 +1,7 @@
 """Benchmark distributed joint attention: K/V bytes per rank, mode times on gloo ranks, and
-bounded attention vs dense-mask SDPA. Prints JSON, then a markdown table. Never a test.
+bounded attention vs dense-mask SDPA; and whole denoiser step time per parallel configuration
+(flux-tiny4 split by codegen's split_layout, eager) as a ratio to TP1. Prints JSON, then
+markdown tables. Never a test.
 
 K/V bytes are what each mode's kernel calls actually hold at once (the `report` the joint
 attention functions fill from their tensors), measured on real gloo ranks at each CP size.
@@ -7,6 +9,7 @@ Times are wall-clock on this host's CPU over gloo loopback: read them as ratios 
 
   python bench/parallel.py            # default sizes (about a minute on 2 idle cores)
   python bench/parallel.py --quick    # smaller sizes
+  python bench/parallel.py --steps    # only the denoiser step table
 """
 from __future__ import annotations
 
@@ -122,6 +125,69 @@ def bench_mask(h, t, d, seqs, reps):
     return rows
 
 
+STEP_CONFIGS = [("tp1", None, 1), ("tp2", None, 2), ("tp4", None, 4), ("tp4+sp", None, 4),
+                ("tp2cp2", "ulysses", 4), ("tp2cp2", "ring", 4), ("tp2cp2", "gather_kv", 4),
+                ("cp4", "ulysses", 4), ("cp4", "ring", 4)]
+
+
+def _plan_tiny4(parallel, attention, side):
+    from pathlib import Path
+
+    from difflet.frontend.lower import lower_file
+    from difflet.passes.pipeline import optimize
+
+    dsl = Path(__file__).resolve().parent.parent / "models" / "flux-tiny4.dsl"
+    return optimize(lower_file(str(dsl), {"height": str(side), "width": str(side)}), parallel=parallel,
+                    attention=attention, target="cpu")
+
+
+def _rank_steps(rank, world, configs, ckpt, side, reps):
+    """Per config: this rank's seconds per denoiser step for each rep (after a barrier)."""
+    import torch.distributed as dist
+    from difflet.codegen.build import example_inputs
+    from difflet.codegen.split_codegen import degrees
+    from difflet.codegen.split_layout import build_rank_module
+    from difflet.parallel.groups import make_groups
+
+    out = {}
+    for parallel, attention in configs:
+        node = _plan_tiny4(parallel, attention, side).component("transformer")
+        pm = build_rank_module(node, ckpt, make_groups(degrees(node)))
+        x = example_inputs(node)
+        with torch.no_grad():
+            pm(*x)  # warm-up
+            times = []
+            for _ in range(reps):
+                dist.barrier()
+                t0 = time.perf_counter()
+                pm(*x)
+                times.append(time.perf_counter() - t0)
+        out[parallel, attention] = times
+    return out
+
+
+def bench_steps(side, reps):
+    """Denoiser step ms per configuration (slowest rank, median) and its ratio to TP1, one run."""
+    import tempfile
+
+    from difflet.codegen.checkpoint import resolve_weights
+
+    store = tempfile.mkdtemp(prefix="difflet-bench-")
+    ckpt = str(resolve_weights(_plan_tiny4("tp1", None, side), "random:0", store))
+    rows = []
+    for world in (1, 2, 4):
+        configs = [(p, a) for p, a, w in STEP_CONFIGS if w == world]
+        per_rank = run_ranks(_rank_steps, world, configs, ckpt, side, reps, timeout=1200)
+        for p, a in configs:
+            ms = 1e3 * statistics.median(max(r[p, a][i] for r in per_rank) for i in range(reps))
+            rows.append({"config": p, "attention": a or "-", "ranks": world, "step_ms": ms})
+    base = next(r["step_ms"] for r in rows if r["config"] == "tp1")
+    for r in rows:
+        r["ratio_to_tp1"] = r["step_ms"] / base
+    return {"model": "flux-tiny4", "height": side, "width": side, "visual_tokens": (side // 4) ** 2,
+            "text_tokens": 32, "rows": rows}
+
+
 def _table(rows, cols):
     head = "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols)
     fmt = lambda x: f"{x:.3g}" if isinstance(x, float) else str(x)  # noqa: E731
@@ -131,7 +197,14 @@ def _table(rows, cols):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes")
+    ap.add_argument("--steps", action="store_true", help="only the denoiser step time per configuration")
     a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    steps = bench_steps(64 if a.quick else 128, 3 if a.quick else 5)
+    if a.steps:
+        print(json.dumps(steps, indent=1))
+        _print_steps(steps)
+        return
     h, d = 8, 64
     mem_seqs, t_mem = ((512, 2048) if a.quick else (1024, 2048, 4096)), 256
     time_seqs, t_time = ((256,) if a.quick else (256, 1024)), 64
@@ -140,7 +213,7 @@ def main(argv=None):
     result = {"memory": bench_memory((2, 4), 4, t_mem, d, mem_seqs),
               "times_4_ranks": bench_times(4, h, t_time, d, time_seqs, 3 if a.quick else 5),
               "mask": bench_mask(h, 64, d, mask_seqs, 3 if a.quick else 5),
-              "torch": torch.__version__, "threads_per_rank": 1}
+              "steps": steps, "torch": torch.__version__, "threads_per_rank": 1}
     for r in result["memory"]:
         r["gather_kv/ulysses"] = r["gather_kv_kv_bytes"] / r["ulysses_kv_bytes"]
         r["gather_kv/ring"] = r["gather_kv_kv_bytes"] / r["ring_kv_bytes"]
@@ -155,6 +228,13 @@ def main(argv=None):
     print("\n### Bounded attention vs dense-mask SDPA (single process, 1 thread)\n")
     print(_table(result["mask"], ["seq", "bounded_ms", "sdpa_mask_ms", "sdpa/bounded", "mask_bytes",
                                   "bounds_bytes", "max_abs_diff"]))
+    _print_steps(steps)
+
+
+def _print_steps(steps):
+    print(f"\n### Denoiser step per configuration ({steps['model']}, {steps['visual_tokens']} visual + "
+          f"{steps['text_tokens']} text tokens, eager split modules, 1 thread per rank)\n")
+    print(_table(steps["rows"], ["config", "attention", "ranks", "step_ms", "ratio_to_tp1"]))
 
 
 if __name__ == "__main__":
