@@ -11,7 +11,8 @@ Invariants:
   components without a given degree are visited largest replicated weights first, and each
   gets the smallest power of two, up to the denoiser's TP, that makes the plan fit; if none
   does, it keeps the largest degree it may take and the next component is visited. So a plan
-  that fits at TP1 is never changed, and raising stops as soon as the plan fits.
+  that fits at TP1 is never changed, raising stops as soon as the plan fits, and a plan that
+  fits at no degrees is judged at its smallest footprint (its memory figure is a lower bound).
 - A degree is only tried where the component could run it: its class has split rules, the
   degree divides the cores, and its attention (and KV) head counts.
 - Memory is judged by exactly the model legality uses (plan-parallel, extract-probe,
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from difflet.errors import DiffletError
 from difflet.ir.nodes import Module, Node, Op
 from difflet.passes import memory
 from difflet.passes import model_facts as F
@@ -61,6 +63,12 @@ def resolve(m: Module, config: ParallelConfig, given: Mapping[str, int] | None,
     """
     given = dict(given or {})
     comps = [c for c in m.body if c.op == Op.COMPONENT and c.attrs.get("role") != "denoiser"]
+    unknown = sorted(set(given) - {c.name for c in comps})
+    if unknown:
+        raise DiffletError(f"--component-tp names {', '.join(unknown)}, which is not an encoder or "
+                           f"decoder of {m.name} (they are: {', '.join(c.name for c in comps)}; the "
+                           "denoiser's tp comes from --parallel)", where="--component-tp",
+                           snippet=unknown[0])
     tps = {c.name: int(given.get(c.name, 1)) for c in comps}
     if target is None or _fits(m, config, tps, target, probe):
         return tps, ()

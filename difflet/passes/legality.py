@@ -161,7 +161,14 @@ def memory_fits(m: Module, ctx: Context) -> list[Violation]:
     est = memory.estimate(m, ctx.target)
     if est.fits():
         return []
-    return [Violation("memory", f"estimated {est.summary()} does not fit:\n{est.breakdown()}")]
+    # name the component holding the most bytes per core: the one to split further or shrink
+    per: dict[str, int] = {}
+    for name, _, n in est.items:
+        per[name] = per.get(name, 0) + n
+    names = {c.name: c for c in F.compiled(m)}
+    top = max((k for k in per if k in names), key=lambda k: per[k], default="")
+    loc = names[top].loc if top else Loc.unknown()
+    return [Violation("memory", f"estimated {est.summary()} does not fit\n{est.breakdown()}", top, loc)]
 
 
 RULES: tuple[Callable[[Module, Context], list[Violation]], ...] = (

@@ -10,7 +10,7 @@ Invariants:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
 import msgspec
@@ -59,12 +59,16 @@ def _legality(m: Module, o: Options) -> Module:
         v = found[0]
         where = v.loc if v.loc.line else m.attrs.get("source", m.name)
         comp = f", component {v.component}" if v.component else ""
-        legal = legal_labels(m, o)
+        legal, given = legal_labels(m, o), ""
+        if not legal and o.component_tp:
+            # the override itself may be what no configuration survives: show what would
+            legal, given = legal_labels(m, replace(o, component_tp={})), " without --component-tp"
         shown = ", ".join(legal[:8]) + (f", ... ({len(legal)} in all; see --list-legal)" if len(legal) > 8 else "")
-        hint = f"legal on {o.target} with {o.parallel.world} cores: {shown}" if legal else \
+        hint = f"legal on {o.target} with {o.parallel.world} cores{given}: {shown}" if legal else \
             f"no configuration of {o.parallel.world} cores is legal on {o.target}"
-        raise DiffletError(f"illegal plan {o.parallel.label()} on {o.target}: {v.message} "
-                           f"(rule {v.rule}{comp}); {hint}", where=where)
+        first, _, rest = v.message.partition("\n")   # the memory breakdown goes after the verdict
+        raise DiffletError(f"illegal plan {o.parallel.label()} on {o.target}: {first} "
+                           f"(rule {v.rule}{comp}); {hint}" + (f"\n{rest}" if rest else ""), where=where)
     return m
 
 
