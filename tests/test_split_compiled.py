@@ -112,3 +112,16 @@ def test_a_corrupt_rank_weight_file_is_refused_before_any_worker_starts(split_ar
     path.write_bytes(bytes(data))
     with pytest.raises(DiffletError, match=r"weights of 'transformer' \(rank 2\) is corrupt"):
         load_artifacts(root)
+
+
+def test_split_layouts_of_other_classes_are_refused_naming_the_class():
+    import msgspec
+
+    from difflet.codegen.split_layout import build_rank_module, unsupported_reason
+
+    node = _plan("tp2").component("transformer")
+    other = msgspec.structs.replace(node, attrs=node.attrs.set(**{"class": "diffusers.QwenImageTransformer2DModel"}))
+    assert "QwenImageTransformer2DModel" in unsupported_reason(other)
+    assert unsupported_reason(node) is None
+    with pytest.raises(DiffletError, match="supported for diffusers.FluxTransformer2DModel only"):
+        build_rank_module(other, "/nonexistent", None)
