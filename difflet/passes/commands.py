@@ -35,7 +35,8 @@ def _component_tp(values: tuple[str, ...]) -> dict[str, int]:
 @click.option("--backend", type=click.Choice(["inductor", "neuron"]), default=None,
               help="default: the target's first backend")
 @click.option("--component-tp", multiple=True, metavar="NAME=N",
-              help="own tp degree of an encoder/decoder (default 1)")
+              help="own tp degree of an encoder/decoder (default 1, raised automatically when it "
+                   "does not fit replicated beside the denoiser)")
 @click.option("--list-legal", is_flag=True, help="print every configuration of --cores cores and exit")
 @click.option("--explain-key", is_flag=True, help="print every cache key's inputs as JSON")
 @click.option("--text", is_flag=True, help="also print the planned IR as text")

@@ -1,7 +1,8 @@
 """Enumerate every parallel configuration of N cores and judge each (`difflet opt --list-legal`).
 
 Invariant: a row is judged by exactly the passes `optimize` runs before compiling
-(plan-parallel, extract-probe, legality), so the table and `optimize` never disagree.
+(component_tp.resolve + plan-parallel, extract-probe, legality), so the table and `optimize`
+never disagree; each row also carries every encoder/decoder's tp and which were raised.
 """
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 
 Invariants of a layout node (op layout, name "layout", one per component, last in its body):
 - attrs: tp, cp, cfg, dp, sp, attention, world (this component's own degrees; encoders and
-  decoders keep their own tp, default 1, replicated over the same cores), ranks (global
+  decoders have only their own tp: given, 1, or raised by component_tp.resolve when they do
+  not fit replicated; replicated over the rest of the same cores), ranks (global
   ranks holding it), groups (Attrs axis -> tuple of rank tuples; tp innermost, then cp, cfg,
   dp), tokens / local_tokens (per stream; CP shards only the visual stream, text and audio
   are replicated), joint_order (denoisers: [visual, text_valid, text_pad], so the valid text
