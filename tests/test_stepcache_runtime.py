@@ -174,3 +174,22 @@ def test_calibrated_needs_a_probe(flux_tiny_module, flux_tiny_ckpt, calibration_
         ModelRunner(flux_tiny_module, eager_programs(flux_tiny_module, flux_tiny_ckpt), flux_tiny_ckpt,
                     cache="cadence:0")
     assert err.value.where == "cache"
+
+
+def test_target_psnr_threshold_keeps_the_target(runner, tmp_path):
+    from difflet.stepcache.calibrate import calibrate
+    from difflet.stepcache.calibration import write_calibration
+
+    prompts = ["a cat", "a house by a lake"]
+    data = calibrate(runner, prompts, steps=16, target_psnr=30.0)
+    assert data["target"]["psnr"] == 30.0 and data["target"]["skip_budget"] > 0
+    path = tmp_path / "cal.json"
+    write_calibration(path, data)
+    got = []
+    for p in prompts:  # PSNR recomputed here, from scratch, against fresh uncached images
+        ref = runner.generate(runner.resolve(prompt=p, seed=0, steps=16)).image.astype(np.float64)
+        out = runner.generate(runner.resolve(prompt=p, seed=0, steps=16, cache=f"calibrated:{path}"))
+        assert out.stats["cached_steps"] > 0 or data["target"]["skip_budget"] == 0
+        mse = np.mean((out.image.astype(np.float64) - ref) ** 2)
+        got.append(100.0 if mse == 0 else 10 * np.log10(255.0 ** 2 / mse))
+    assert np.mean(got) >= 30.0
