@@ -1,7 +1,7 @@
 """Split flux-tiny4 (4 heads) on real gloo ranks equals the UNSPLIT diffusers FluxTransformer2DModel.
 
 Every configuration the planner calls legal on cpu among tp2, tp4, tp4+sp, tp2cp2 x {ulysses, ring,
-gather_kv}, cp4 x {ulysses, ring} is built per rank by codegen's split_layout (presharded
+gather_kv}, cp4 x {ulysses, ring} (and tp2cp2+sp ring) is built per rank by codegen's split_layout (presharded
 ParallelLinears, SP regions, CP joint attention) from the same random:0 checkpoint, run eagerly,
 and compared with diffusers' own model (with a key mask when valid_text < T, as
 test_codegen_attention does). The 4-rank configurations share one launch; tp2 has its own.
@@ -19,7 +19,7 @@ FLUX_TINY4 = Path(__file__).resolve().parent.parent / "models" / "flux-tiny4.dsl
 T = 32
 VALID = (1, 4, 11, 20, 32)  # >= 5 runtime values from 1 to max_text
 FOUR = [("tp4", None), ("tp4+sp", None), ("tp2cp2", "ulysses"), ("tp2cp2", "ring"),
-        ("tp2cp2", "gather_kv"), ("cp4", "ulysses"), ("cp4", "ring")]
+        ("tp2cp2", "gather_kv"), ("cp4", "ulysses"), ("cp4", "ring"), ("tp2cp2+sp", "ring")]
 TWO = [("tp2", None)]
 BF16 = ("tp2cp2", "ulysses")
 TOL = 1e-4
