@@ -95,6 +95,11 @@ def test_repeated_requests_are_byte_identical(server):
     ({"guidance": -1.0}, "guidance: -1.0 must be finite and >= 0"),
     ({"prompt": ""}, "prompt: must be a non-empty string"),
     ({"seed": -5}, "seed: -5 is outside"),
+    ({"prompt": "word " * 40}, "prompt: 41 tokens exceeds the text encoder limit of 32 tokens"),
+    ({"cache": "sometimes"}, "cache: 'sometimes' is not a cache mode"),
+    ({"cache": "cadence:0"}, "cache: cadence '0' must be finite and > 0"),
+    ({"request_id": "x" * 129}, "request_id: is 129 characters, at most 128"),
+    ({"request_id": "tab\there"}, "request_id: must be printable ASCII"),
 ])
 def test_invalid_requests_are_invalid_argument_naming_the_field(server, kwargs, details):
     fields = {"prompt": "a red fox", "seed": 1, **kwargs}
@@ -138,36 +143,3 @@ def test_runtime_rejects_a_missing_artifact_dir(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("error: ")
     assert "Traceback" not in proc.stderr and "listening on" not in proc.stdout
-
-
-def test_health_is_not_serving_until_warm_up_passed(flux_tiny_module, flux_tiny_ckpt):
-    """In-process server whose runner loading is held on an event: health and Generate must say
-    'not yet' while loading, and SERVING only after load() ran the checked warm-up."""
-    import threading
-
-    from difflet.codegen.artifacts import eager_programs
-    from difflet.runtime.runner import ModelRunner
-    from difflet.runtime.service import DiffletServer
-
-    release = threading.Event()
-
-    def load_runner():
-        release.wait()
-        return ModelRunner(flux_tiny_module, eager_programs(flux_tiny_module, flux_tiny_ckpt), flux_tiny_ckpt)
-
-    srv = DiffletServer(load_runner)
-    address = f"127.0.0.1:{srv.start()}"
-    loader = threading.Thread(target=srv.load)
-    loader.start()
-    try:
-        assert client.health_status(address) == "NOT_SERVING"
-        with pytest.raises(grpc.RpcError) as err:
-            client.generate(address, "a red fox", 1, timeout=30)
-        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-        release.set()
-        client.wait_serving(address, timeout=120)
-        assert client.health_status(address) == "SERVING"
-    finally:
-        release.set()
-        loader.join()
-        srv.stop(grace=0)

@@ -4,6 +4,7 @@ Invariants:
 - Unset optional fields (steps, guidance) are left unset so the server applies its profile's
   defaults; height/width 0 mean the same.
 - `wait_serving` waits on the server's own health stream (no polling sleeps).
+- `generate_stream` yields the server's events (queued, progress, result) as they come.
 """
 from __future__ import annotations
 
@@ -21,18 +22,37 @@ def channel(server: str) -> grpc.Channel:
     return grpc.insecure_channel(server, options=[("grpc.max_receive_message_length", MAX_MESSAGE)])
 
 
-def generate(server: str, prompt: str, seed: int = 0, *, steps: int | None = None,
-             guidance: float | None = None, height: int = 0, width: int = 0,
-             request_id: str = "", timeout: float | None = None) -> pb.GenerateReply:
-    """One Generate call; raises grpc.RpcError on failure (code() / details() say why)."""
+def make_request(prompt: str, seed: int = 0, *, steps: int | None = None,
+                 guidance: float | None = None, height: int = 0, width: int = 0,
+                 request_id: str = "", cache: str = "") -> pb.GenerateRequest:
     request = pb.GenerateRequest(prompt=prompt, seed=seed, height=height, width=width,
-                                 request_id=request_id)
+                                 request_id=request_id, cache=cache)
     if steps is not None:
         request.steps = steps
     if guidance is not None:
         request.guidance = guidance
+    return request
+
+
+def generate(server: str, prompt: str, seed: int = 0, *, timeout: float | None = None,
+             **fields) -> pb.GenerateReply:
+    """One Generate call; raises grpc.RpcError on failure (code() / details() say why)."""
     with channel(server) as ch:
-        return pb_grpc.DiffletStub(ch).Generate(request, timeout=timeout)
+        return pb_grpc.DiffletStub(ch).Generate(make_request(prompt, seed, **fields), timeout=timeout)
+
+
+def generate_stream(server: str, prompt: str, seed: int = 0, *, timeout: float | None = None,
+                    **fields):
+    """GenerateStream: yields GenerateEvent messages (queued, progress..., result); raises
+    grpc.RpcError when the call fails."""
+    with channel(server) as ch:
+        yield from pb_grpc.DiffletStub(ch).GenerateStream(make_request(prompt, seed, **fields),
+                                                          timeout=timeout)
+
+
+def cancel(server: str, request_id: str, timeout: float = 10.0) -> pb.CancelReply:
+    with channel(server) as ch:
+        return pb_grpc.DiffletStub(ch).Cancel(pb.CancelRequest(request_id=request_id), timeout=timeout)
 
 
 def get_profile(server: str, timeout: float | None = None) -> pb.Profile:

@@ -2,6 +2,8 @@
 
 Invariants: torch and grpc are imported inside command bodies; a gRPC failure is one stderr
 line, exit 2 for INVALID_ARGUMENT (the user's request was wrong), exit 1 for anything else.
+`difflet generate` calls GenerateStream and draws its progress on stderr only when stderr is a
+terminal (or --progress), so scripts and logs get just the result line.
 """
 from __future__ import annotations
 
@@ -20,21 +22,37 @@ import click
 @click.option("--guidance", type=float, default=None, help="guidance scale (default: the profile's)")
 @click.option("--height", type=int, default=0, help="must equal the serving profile (0 = it)")
 @click.option("--width", type=int, default=0, help="must equal the serving profile (0 = it)")
-@click.option("--timeout", type=float, default=600.0, show_default=True, help="seconds")
+@click.option("--timeout", type=click.FloatRange(0, min_open=True), default=600.0,
+              show_default=True, help="deadline in seconds (queue time included)")
+@click.option("--cache", default="", help="step-cache override (default: the server's mode)")
+@click.option("--progress/--no-progress", default=None,
+              help="draw a progress bar on stderr (default: when stderr is a terminal)")
 def generate(prompt: str, server: str, seed: int, output: str, steps, guidance, height: int,
-             width: int, timeout: float) -> None:
+             width: int, timeout: float, cache: str, progress: bool | None) -> None:
     """Generate one image on a running difflet-runtime and write it as PNG."""
     import grpc
 
     from difflet.runtime import client
 
+    bar = ProgressBar(enabled=sys.stderr.isatty() if progress is None else progress)
+    reply = None
     try:
-        reply = client.generate(server, prompt, seed, steps=steps, guidance=guidance,
-                                height=height, width=width, timeout=timeout)
+        for event in client.generate_stream(server, prompt, seed, steps=steps, guidance=guidance,
+                                            height=height, width=width, cache=cache,
+                                            timeout=timeout):
+            if event.HasField("progress"):
+                bar.update(event.progress.step, event.progress.total, event.progress.cached)
+            elif event.HasField("result"):
+                reply = event.result
     except grpc.RpcError as err:
+        bar.close()
         code = err.code()
         click.echo(f"error: {server}: {code.name}: {err.details()}", err=True)
         sys.exit(2 if code == grpc.StatusCode.INVALID_ARGUMENT else 1)
+    bar.close()
+    if reply is None:
+        click.echo(f"error: {server}: the stream ended without a result", err=True)
+        sys.exit(1)
     try:
         Path(output).write_bytes(reply.png)
     except OSError as err:
@@ -42,9 +60,33 @@ def generate(prompt: str, server: str, seed: int, output: str, steps, guidance, 
 
         raise DiffletError(f"cannot write the image: {err.strerror}", where=output) from None
     t = reply.timings
+    cached = f", {reply.cached_steps} cached" if reply.cached_steps else ""
     click.echo(f"wrote {output} ({reply.width}x{reply.height}, seed {reply.seed}, {reply.steps} "
-               f"steps; encode {t.encode_ms:.0f} ms, denoise {t.denoise_ms:.0f} ms, "
+               f"steps{cached}; encode {t.encode_ms:.0f} ms, denoise {t.denoise_ms:.0f} ms, "
                f"decode {t.decode_ms:.0f} ms)")
+
+
+class ProgressBar:
+    """`step 3/4 [###########-----]` redrawn in place on stderr; one final newline."""
+
+    WIDTH = 30
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled, self.drawn = enabled, False
+
+    def update(self, step: int, total: int, cached: bool) -> None:
+        if not self.enabled or total <= 0:
+            return
+        filled = self.WIDTH * step // total
+        note = " (cached)" if cached else ""
+        click.echo(f"\rstep {step}/{total} [{'#' * filled}{'-' * (self.WIDTH - filled)}]{note}   ",
+                   err=True, nl=False)
+        self.drawn = True
+
+    def close(self) -> None:
+        if self.drawn:
+            click.echo("", err=True)
+            self.drawn = False
 
 
 @click.command()

@@ -55,23 +55,39 @@ def _codegen_counts(result) -> str:
     return f"compiled {len(result.compiled)}, reused {len(result.reused)}"
 
 
-def start_server(art: Path, timeout: float = SERVER_START_TIMEOUT_S) -> tuple[subprocess.Popen, str]:
-    """Start `difflet-runtime --port 0` on ART; returns (process, "host:port") once it is SERVING."""
-    cmd = [sys.executable, "-m", "difflet.runtime.server", "--artifacts", str(art), "--port", "0"]
+def launch_server(art: Path, args: tuple[str, ...] = (), env: dict | None = None) -> subprocess.Popen:
+    """Start `difflet-runtime --port 0 ARGS` on ART (stdout a pipe, stderr a temporary file)."""
+    cmd = [sys.executable, "-m", "difflet.runtime.server", "--artifacts", str(art), "--port", "0",
+           *args]
     # stderr goes to a file: an unread pipe would fill up and block the server
     errlog = tempfile.TemporaryFile(mode="w+")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errlog, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errlog, text=True,
+                            env=None if env is None else {**os.environ, **env})
+    proc.errlog = errlog
+    return proc
+
+
+def read_line(proc: subprocess.Popen, prefix: str, timeout: float = SERVER_START_TIMEOUT_S) -> str:
+    """The rest of the server's next stdout line starting with `prefix`; DiffletError (with the
+    server's error line) if it exits first."""
     deadline = time.monotonic() + timeout
-    for line in proc.stdout:  # the server prints exactly this line once SERVING
-        if line.startswith("listening on "):
-            return proc, line.split("listening on ", 1)[1].strip()
+    for line in proc.stdout:
+        if line.startswith(prefix):
+            return line[len(prefix):].strip()
         if time.monotonic() > deadline:
             break
     stop_server(proc)
-    errlog.seek(0)
-    err = [ln for ln in errlog.read().strip().splitlines() if ln.startswith("error:")] or ["no error line"]
+    proc.errlog.seek(0)
+    err = [ln for ln in proc.errlog.read().strip().splitlines() if ln.startswith("error:")] or ["no error line"]
     raise DiffletError(f"difflet-runtime exited (code {proc.returncode}) before serving: "
-                       f"{err[-1]}", where=str(art))
+                       f"{err[-1]}", where=str(proc.args[4]))
+
+
+def start_server(art: Path, timeout: float = SERVER_START_TIMEOUT_S, args: tuple[str, ...] = (),
+                 env: dict | None = None) -> tuple[subprocess.Popen, str]:
+    """Start `difflet-runtime --port 0` on ART; returns (process, "host:port") once it is SERVING."""
+    proc = launch_server(art, args, env)
+    return proc, read_line(proc, "listening on ", timeout)  # printed only once SERVING
 
 
 def stop_server(proc: subprocess.Popen, timeout: float = 30.0) -> int:

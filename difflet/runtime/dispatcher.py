@@ -11,7 +11,9 @@ Invariants:
   stay queued. Only when every replica has failed (recovery failed) are queued requests
   answered UNAVAILABLE and new ones refused; nothing accepted is dropped unanswered.
 - Health (the `on_health` callback) is True iff some replica is ready or busy and the
-  dispatcher is not closed.
+  dispatcher is not closed. It is published only on change and never while holding the
+  dispatcher lock: gRPC's health Watch sends from the caller's thread and waits for the
+  server's poller, and the poller runs call-termination callbacks that take this lock.
 """
 from __future__ import annotations
 
@@ -47,6 +49,8 @@ class Dispatcher:
         self._closed = False
         self._serving = False
         self._ever_ready = False  # before the first warm-up passed, requests are refused
+        self._published: bool | None = None
+        self._publish_lock = threading.Lock()
         self.replicas = [Replica(i, config, self, precheck, grace) for i in range(replicas)]
 
     # ---- lifecycle
@@ -64,6 +68,7 @@ class Dispatcher:
         with self._lock:
             self._closed = True
             self._update_health()
+        self._publish()
         end = time.monotonic() + drain_s
         for job in list(self._active.values()):
             job.done.wait(max(0.0, end - time.monotonic()))
@@ -102,6 +107,8 @@ class Dispatcher:
 
     def cancel(self, job: Job, code: str = "cancelled", message: str = "cancelled") -> str:
         """Answer `job` with `code` now; a running one is asked to stop at its next step."""
+        if job.done.is_set():  # the common case from call-termination callbacks: no lock
+            return ""
         with self._lock:
             if job.done.is_set():
                 return ""
@@ -137,12 +144,14 @@ class Dispatcher:
                 replica.state = "ready"
             self._update_health()
             self._dispatch()
+        self._publish()
 
     def model_ready(self, replica: Replica, info: dict[str, Any]) -> None:
         with self._lock:
             self._ever_ready = True
             self._update_health()
             self._dispatch()
+        self._publish()
 
     def model_lost(self, replica: Replica, reason: str) -> None:
         with self._lock:
@@ -150,6 +159,7 @@ class Dispatcher:
             if self.metrics:
                 self.metrics.recoveries.labels(reason).inc()
             self._update_health()
+        self._publish()
 
     def model_failed(self, replica: Replica, kind: str, message: str) -> None:
         with self._lock:
@@ -158,6 +168,7 @@ class Dispatcher:
                     self._answer(job, "unavailable", f"recovery failed: {message}")
                 self._queue.clear()
             self._update_health()
+        self._publish()
 
     # ---- state (lock held)
     def _answer(self, job: Job, code: str, message: str, result=None) -> None:
@@ -177,10 +188,15 @@ class Dispatcher:
             min(idle, key=lambda r: (r.job is not None, r.index)).assign(job)
 
     def _update_health(self) -> None:
-        serving = not self._closed and any(r.state in ("ready", "busy") for r in self.replicas)
-        if serving != self._serving or not serving:
-            self._serving = serving
-            self.on_health(serving)
+        self._serving = not self._closed and any(r.state in ("ready", "busy") for r in self.replicas)
+
+    def _publish(self) -> None:
+        """Tell `on_health` the current status if it changed (dispatcher lock NOT held)."""
+        with self._publish_lock:
+            serving = self._serving
+            if serving != self._published:
+                self._published = serving
+                self.on_health(serving)
 
     # ---- read-only views
     def queue_depth(self) -> int:

@@ -136,6 +136,9 @@ def _run(conn, runner, seq: int, fields: dict[str, Any], should_stop: Callable, 
 def serve(conn, cancel_upto, config: dict[str, Any]) -> None:
     """Process entry point (spawned): load, warm up, report, then serve "run" messages."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import faulthandler
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` dumps stacks
     ignore_cancel, hold = _faults(int(config.get("generation", 0)))
     try:
         import torch

@@ -15,6 +15,7 @@ Invariants:
 """
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import sys
@@ -169,6 +170,7 @@ def main(art: str, port: int, host: str, queue_size: int, request_timeout: float
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` dumps stacks
     server = None
     try:
         server = DiffletServer(art, host, port, queue_size=queue_size,

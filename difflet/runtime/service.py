@@ -61,8 +61,15 @@ class DiffletServicer(pb_grpc.DiffletServicer):
         except Rejected as rej:
             self.metrics.rejected(rej.reason)
             context.abort(_REJECT_CODES[rej.reason], rej.message)
-        context.add_callback(lambda: self.dispatcher.cancel(job, "cancelled", "the call ended"))
+        context.add_callback(lambda: self._call_ended(job))
         return job
+
+    def _call_ended(self, job) -> None:
+        """gRPC ended the call (client cancel, disconnect, or its deadline): drop the job."""
+        if job.deadline is not None and time.monotonic() >= job.deadline - 0.01:
+            self.dispatcher.expire(job)  # the deadline, seen by gRPC a moment before our timer
+        else:
+            self.dispatcher.cancel(job, "cancelled", "the call ended before its answer")
 
     def _deadline(self, context: grpc.ServicerContext) -> float | None:
         limits = []
