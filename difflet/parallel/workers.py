@@ -102,7 +102,8 @@ class SplitProgram:
         for p in self._procs:
             p.start()
         self._program = Program(node, self._dispatch)
-        self.name, self.inputs, self.outputs = node.name, self._program.inputs, self._program.outputs
+        self.node, self.name = node, node.name
+        self.inputs, self.outputs = self._program.inputs, self._program.outputs
         try:
             self._collect("loading")
         except BaseException:
