@@ -17,6 +17,11 @@ Invariants:
   rank whose call outlives it dumps its Python stack to stderr). After
   an error or `close()` the program is unusable and no worker outlives it (also on GC/exit).
 - Calls are serialized (one in flight): the ranks' collectives must pair up in order.
+
+Known issue (open): AOTInductor rank programs (tp2cp2 ulysses) deadlocked on gloo in 2 of about 8
+loads, with identical collective order in all four compiled programs; gdb showed ranks inside
+different collectives (tp all-reduce vs cp all-to-all) with several functional collectives in
+flight. `timeout` turns it into RankError; the eager rank modules have not shown it.
 """
 from __future__ import annotations
 
