@@ -137,6 +137,23 @@ def test_cli_generate_exit_codes(server, tmp_path):
     assert not (tmp_path / "x.png").exists() and not (tmp_path / "y.png").exists()
 
 
+def test_cli_generate_progress_and_timeout(server, tmp_path):
+    from difflet.cli import main
+
+    out = tmp_path / "fox.png"
+    ok = CliRunner().invoke(main, ["generate", "--server", server, "a red fox", "--steps", "3",
+                                   "--progress", "-o", str(out)])
+    assert ok.exit_code == 0, ok.output
+    assert "step 1/3" in ok.stderr and "step 3/3 [" + "#" * 30 + "]" in ok.stderr
+    assert ok.stdout.startswith(f"wrote {out}")
+
+    late = CliRunner().invoke(main, ["generate", "--server", server, "a red fox", "--steps", "1000",
+                                     "--timeout", "0.5", "-o", str(tmp_path / "late.png")])
+    assert late.exit_code == 1
+    assert late.stderr.startswith("error: ") and "DEADLINE_EXCEEDED" in late.stderr
+    assert len(late.stderr.strip().splitlines()) == 1 and not (tmp_path / "late.png").exists()
+
+
 def test_runtime_rejects_a_missing_artifact_dir(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "difflet.runtime.server", "--artifacts",
                            str(tmp_path / "nope"), "--port", "0"], capture_output=True, text=True, timeout=120)

@@ -16,7 +16,8 @@ Invariants:
 - The warm-up generation must pass its checks before "ready" is sent.
 - SIGINT is ignored (the API process decides when model processes stop); EOF on the pipe (the
   API process went away) ends it.
-- DIFFLET_FAULTS (tests only): "ignore-cancel" never stops at a step boundary;
+- DIFFLET_FAULTS (tests only): "hang-on-cancel" blocks forever when asked to stop (a
+  generation stuck in a device call, the case --grace exists for);
   "hold-load:PATH" makes the first process (generation 0) wait until a line can be read from
   the FIFO at PATH before loading.
 """
@@ -51,7 +52,7 @@ def _count_compiles() -> list[int]:
 def _faults(generation: int) -> tuple[bool, str | None]:
     spec = [f.strip() for f in os.environ.get("DIFFLET_FAULTS", "").split(",") if f.strip()]
     hold = next((f.split(":", 1)[1] for f in spec if f.startswith("hold-load:")), None)
-    return "ignore-cancel" in spec, hold if generation == 0 else None
+    return "hang-on-cancel" in spec, hold if generation == 0 else None
 
 
 def _load(config: dict[str, Any]):
@@ -139,7 +140,7 @@ def serve(conn, cancel_upto, config: dict[str, Any]) -> None:
     import faulthandler
 
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` dumps stacks
-    ignore_cancel, hold = _faults(int(config.get("generation", 0)))
+    hang_on_cancel, hold = _faults(int(config.get("generation", 0)))
     try:
         import torch
 
@@ -165,7 +166,10 @@ def serve(conn, cancel_upto, config: dict[str, Any]) -> None:
     current = [0]
 
     def should_stop() -> bool:
-        return not ignore_cancel and cancel_upto.value >= current[0]
+        stop = cancel_upto.value >= current[0]
+        while stop and hang_on_cancel:
+            time.sleep(3600)
+        return stop
 
     while True:
         try:

@@ -107,12 +107,14 @@ class DiffletServicer(pb_grpc.DiffletServicer):
 
     def GenerateStream(self, request: pb.GenerateRequest, context: grpc.ServicerContext):
         job = self._admit(request, context)
-        while True:
-            timeout = None if job.deadline is None else max(0.0, job.deadline - time.monotonic())
+        while not job.done.is_set():  # once answered, pending progress events are dropped
+            timeout = None if job.deadline is None else job.deadline - time.monotonic()
+            if timeout is not None and timeout <= 0:  # events keep coming; check the clock too
+                self.dispatcher.expire(job)
+                break
             try:
                 event = job.events.get(timeout=timeout)
             except queue.Empty:
-                self.dispatcher.expire(job)
                 continue
             if event[0] == "end":
                 break
