@@ -8,7 +8,10 @@ Plain image analysis, no learned parts, so it can judge a model without sharing 
 3. foreground mask = pixels nearer the foreground colour than the background colour, reduced to
    its largest 4-connected component (a stray speck must not stretch the bounding box);
 4. shape = the template (circle, square, apex-up triangle) fitted to the mask's bounding box
-   that has the highest IoU with the mask.
+   that has the highest IoU with the mask. Templates are stretched to the box's aspect ratio
+   (ellipse, rectangle, stretched triangle): the checker asks which of the three shape
+   *classes* is drawn, so a slightly oblong square still counts as a square; on the training
+   data (aspect 1) this is the same as unstretched templates.
 
 Invariant: `analyze` never raises on a valid uint8 [H, W, 3] image; when there is no usable
 foreground it returns fg=None and shape=None, which never match a caption.
@@ -75,10 +78,10 @@ def classify_shape(mask: np.ndarray) -> tuple[str | None, dict]:
         return None, {}
     # the bounding box in pixel-edge coordinates; templates are drawn to fill it exactly
     x0, x1, y0, y1 = xs.min(), xs.max() + 1, ys.min(), ys.max() + 1
-    cx, cy, half = (x0 + x1) / 2, (y0 + y1) / 2, max(x1 - x0, y1 - y0) / 2
+    cx, cy, hx, hy = (x0 + x1) / 2, (y0 + y1) / 2, (x1 - x0) / 2, (y1 - y0) / 2
     scores = {}
     for shape in SHAPES:
-        tmpl = shape_mask(shape, cx, cy, half, size=mask.shape[0]) >= 0.5
+        tmpl = shape_mask(shape, cx, cy, hx, size=mask.shape[0], half_y=hy) >= 0.5
         inter = np.logical_and(tmpl, mask).sum()
         union = np.logical_or(tmpl, mask).sum()
         scores[shape] = float(inter / max(union, 1))

@@ -61,16 +61,19 @@ class Spec:
 
 
 def shape_mask(shape: str, cx: float, cy: float, half: float, size: int = IMAGE_SIZE,
-               supersample: int = _SUPERSAMPLE) -> np.ndarray:
+               supersample: int = _SUPERSAMPLE, half_y: float | None = None) -> np.ndarray:
     """Coverage in [0, 1] of each pixel by the shape (float32 [size, size]).
 
     circle: radius `half`; square: axis-aligned, side 2*half; triangle: isosceles, apex up,
-    base 2*half wide at cy + half, apex at cy - half.
+    base 2*half wide at cy + half, apex at cy - half. A `half_y` other than `half` stretches
+    the shape vertically (ellipse, rectangle, taller/flatter triangle): the checker fits such
+    templates to a bounding box; the training data never uses it.
     """
+    half_y = half if half_y is None else half_y
     n = size * supersample
     c = (np.arange(n, dtype=np.float32) + 0.5) / supersample  # sub-pixel centres, pixel units
     y, x = np.meshgrid(c, c, indexing="ij")
-    dx, dy = x - cx, y - cy
+    dx, dy = x - cx, (y - cy) * (half / half_y)  # in units where the shape is unstretched
     if shape == "circle":
         inside = dx * dx + dy * dy <= half * half
     elif shape == "square":
