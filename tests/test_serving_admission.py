@@ -42,8 +42,8 @@ def test_prompt_token_count_matches_the_host_tokenizer(admission, flux_tiny_art)
     ("height", 48, "height: 48 does not match the serving profile (32)"),
     ("width", 16, "width: 16 does not match the serving profile (32)"),
     ("request_id", "é", "request_id: must be printable ASCII"),
-    ("cache", "cadence:x", "cache: cadence 'x' is not a number"),
-    ("cache", "calibrated:curve.json:-2", "cache: threshold '-2' must be finite and > 0"),
+    ("cache", "cadence:x", "cache: cadence needs an integer interval"),
+    ("cache", "calibrated:curve.json:-2", "cache: calibrated threshold -2 must be finite and > 0"),
 ])
 def test_each_field_error_names_the_field(admission, field, value, message):
     with pytest.raises(DiffletError) as err:
@@ -51,8 +51,8 @@ def test_each_field_error_names_the_field(admission, field, value, message):
     assert err.value.where == field and err.value.message.startswith(message)
 
 
-@pytest.mark.parametrize("mode", ["off", "cadence:2", "online-delta:0.1", "calibrated:curve.json",
-                                  "calibrated:/tmp/a:b.json:0.05"])
+@pytest.mark.parametrize("mode", ["off", "cadence:2", "online-delta:0.1", "online-delta",
+                                  "calibrated:curve.json", "calibrated:/tmp/a:b.json:0.05:accumulate"])
 def test_valid_cache_modes(mode):
     assert check_cache_mode(f" {mode} ") == mode
 

@@ -22,7 +22,7 @@ from difflet.runtime.demo import launch_server, read_line, stop_server
 from serving_util import HealthWatch, Stream, scrape, wait_exit
 
 PROMPT, SEED = "a lighthouse at dusk", 11
-SLOW = 400  # flux-tiny steps that take several seconds on CPU
+SLOW = 1000  # the most steps a request may ask: > 1 s on CPU with any thread count
 
 
 class Held:

@@ -10,7 +10,8 @@ Invariants:
 - Prompt policy: a prompt longer than the longest text encoder's compiled max_length (special
   tokens included) is REJECTED naming the limit, never silently truncated; shorter encoders
   (FLUX's CLIP) truncate as the reference pipeline does.
-- Cache overrides are checked for syntax here; the runner checks their meaning.
+- Cache overrides are parsed here with the step-cache package's own parser (syntax and
+  ranges); the runner checks what needs the artifacts (a calibration file's ties).
 """
 from __future__ import annotations
 
@@ -42,8 +43,19 @@ def _positive(text: str, kind, field: str, what: str):
 
 
 def check_cache_mode(mode: str, field: str = "cache") -> str:
-    """The syntax of a cache mode string; returns it normalised (stripped)."""
+    """The syntax and ranges of a cache mode string; returns it stripped. The step-cache
+    package's own parser decides (so the API process and the runner never disagree); the
+    fallback below only serves a build without it."""
     mode = mode.strip()
+    try:
+        from difflet.stepcache.modes import parse_mode
+    except ImportError:
+        return _check_cache_syntax(mode, field)
+    parse_mode(mode, field)
+    return mode
+
+
+def _check_cache_syntax(mode: str, field: str) -> str:
     kind, _, rest = mode.partition(":")
     if mode == "off":
         return mode
@@ -55,8 +67,6 @@ def check_cache_mode(mode: str, field: str = "cache") -> str:
         path, _, threshold = rest.rpartition(":")
         if path and threshold:
             _positive(threshold, float, field, "threshold")
-        elif not rest:
-            raise _fail(field, f"calibrated needs a FILE ({CACHE_SYNTAX})")
     else:
         raise _fail(field, f"{mode!r} is not a cache mode ({CACHE_SYNTAX})")
     return mode

@@ -10,7 +10,7 @@ Cancellation needs no message: the parent writes the seq to cancel into a shared
 `should_stop()` (checked at every step boundary) compares it with the running request's seq.
 
 Invariants:
-- It only ever loads (`ModelRunner.from_artifacts(verify=True)` -> load_artifacts); it never
+- It only ever loads (`ModelRunner.from_artifacts(verify=...)` -> load_artifacts); it never
   compiles. Calls to the compile entry points are counted (`compiles` in every report) so a
   test can see that the count stays 0.
 - The warm-up generation must pass its checks before "ready" is sent.
@@ -58,7 +58,7 @@ def _faults(generation: int) -> tuple[bool, str | None]:
 def _load(config: dict[str, Any]):
     from difflet.runtime.runner import ModelRunner
 
-    kwargs = {"verify": True}
+    kwargs = {"verify": bool(config.get("verify", True))}
     if "cache" in inspect.signature(ModelRunner.from_artifacts).parameters:
         kwargs["cache"] = config["cache"]
     elif config["cache"] != "off":

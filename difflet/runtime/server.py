@@ -1,7 +1,8 @@
 """`difflet-runtime`: the API process. It serves gRPC and supervises the model process(es).
 
     difflet-runtime --artifacts ART --port P [--queue-size N] [--request-timeout S] [--grace S]
-                    [--cache MODE] [--metrics-port P] [--replicas N] [--profile KEY=VALUE ...]
+                    [--cache MODE] [--metrics-port P] [--replicas N] [--threads N]
+                    [--profile KEY=VALUE ...]
 
 Invariants:
 - Startup order: torch-free artifact checks (manifest vs module.ir, hashes of module.ir, rank
@@ -42,7 +43,8 @@ class DiffletServer:
 
     def __init__(self, art: str, host: str = "127.0.0.1", port: int = 0, *, queue_size: int = 16,
                  request_timeout: float | None = None, grace: float = 10.0, cache: str = "off",
-                 replicas: int = 1, expect: dict | None = None, verify: bool = True) -> None:
+                 replicas: int = 1, expect: dict | None = None, verify: bool = True,
+                 threads: int = 0) -> None:
         from difflet.runtime.admission import Admission, check_cache_mode
         from difflet.runtime.dispatcher import Dispatcher
         from difflet.runtime.metrics import Metrics
@@ -62,7 +64,7 @@ class DiffletServer:
         self.admission = Admission(self.info, self.cache, cache_available=cache_ok)
         self.metrics = Metrics()
         self.health = health.HealthServicer()
-        threads = max(1, (os.cpu_count() or 1) // replicas)
+        threads = threads or max(1, (os.cpu_count() or 1) // replicas)
         config = {"root": str(art), "cache": self.cache, "threads": threads, "verify": verify}
         self.dispatcher = Dispatcher(config, replicas=replicas, queue_size=queue_size, grace=grace,
                                      precheck=lambda: check_artifacts(art, expect),
@@ -153,12 +155,14 @@ def _expectations(pairs: tuple[str, ...]) -> dict[str, str]:
               help="serve Prometheus metrics on this port (0 picks one)")
 @click.option("--replicas", default=1, show_default=True, type=click.IntRange(1, 64),
               help="model processes; each request goes to the one with the fewest in flight")
+@click.option("--threads", default=0, show_default=True, type=click.IntRange(0, 1024),
+              help="torch threads per model process; 0 = cpu_count // replicas")
 @click.option("--profile", "expect", multiple=True, metavar="KEY=VALUE",
               help="serving profile the artifacts must match (model, height, tp, ...); repeatable")
 @click.option("--no-verify", is_flag=True, help="skip artifact checksum verification at load")
 def main(art: str, port: int, host: str, queue_size: int, request_timeout: float, grace: float,
-         cache: str, metrics_port: int | None, replicas: int, expect: tuple[str, ...],
-         no_verify: bool) -> None:
+         cache: str, metrics_port: int | None, replicas: int, threads: int,
+         expect: tuple[str, ...], no_verify: bool) -> None:
     """Serve one compiled profile over gRPC (difflet.v1.Difflet + grpc.health.v1 + reflection)."""
     stop = threading.Event()
     serving = threading.Event()
@@ -175,7 +179,8 @@ def main(art: str, port: int, host: str, queue_size: int, request_timeout: float
     try:
         server = DiffletServer(art, host, port, queue_size=queue_size,
                                request_timeout=request_timeout or None, grace=grace, cache=cache,
-                               replicas=replicas, expect=_expectations(expect), verify=not no_verify)
+                               replicas=replicas, expect=_expectations(expect), verify=not no_verify,
+                               threads=threads)
         bound = server.start()
         click.echo(f"starting on {host}:{bound}")
         if metrics_port is not None:

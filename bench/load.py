@@ -1,0 +1,183 @@
+"""Open-loop Poisson load against difflet-runtime: one model process vs 2 replicas.
+
+Both configurations get the same arrival sequence per load level (seeded exponential gaps).
+Load rho = arrival rate x isolated latency, where the isolated latency is the median of
+sequential requests on the one-process server (as in the paper's Table 8). Each request is a
+Generate over one shared gRPC channel, sent at its arrival time whatever is still in flight
+(open loop). Reports per configuration and level: realized load, p50/p99 latency (arrival ->
+answer), SLO attainment (answer within 2.1x the isolated latency), and requests lost (any
+answer that is not an image; must be 0 -- the queue is sized so nothing is refused).
+
+    python bench/load.py [--n 20] [--steps 20] [--loads 0.5,0.8,1.0,1.2] [--art DIR | --store DIR]
+
+Note: by default the server gives each model process cpu_count // replicas torch threads;
+--threads N fixes it for both configurations (so the comparison is replicas alone).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+PROMPT = "a red fox in the snow"
+SLO_FACTOR = 2.1
+
+
+def build_artifacts(store: Path) -> Path:
+    from difflet.codegen.driver import codegen
+    from difflet.frontend.lower import lower_file
+    from difflet.passes.pipeline import optimize
+
+    module = optimize(lower_file(str(REPO / "models" / "flux-tiny.dsl")), parallel="tp1",
+                      target="cpu", backend="inductor")
+    art = store / "bench-load-art" / module.name
+    if not (art / "manifest.json").exists():
+        codegen(module, "random:0", art, backend="inductor", store=store, log=lambda *a: None)
+    return art
+
+
+def arrivals(rate: float, n: int, seed: int) -> list[float]:
+    rng, t, out = random.Random(seed), 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
+def percentile(values: list[float], q: float) -> float:
+    s = sorted(values)
+    k = (len(s) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+class Target:
+    """A running difflet-runtime and a stub on one channel."""
+
+    def __init__(self, art: Path, replicas: int, threads: int = 0) -> None:
+        from difflet.runtime import client, difflet_pb2_grpc as pb_grpc
+        from difflet.runtime.demo import start_server
+
+        self.proc, self.address = start_server(art, args=("--replicas", str(replicas),
+                                                          "--queue-size", "10000",
+                                                          "--threads", str(threads)))
+        self.channel = client.channel(self.address)
+        self.stub = pb_grpc.DiffletStub(self.channel)
+
+    def request(self, seed: int, steps: int):
+        from difflet.runtime import client
+
+        return self.stub.Generate(client.make_request(PROMPT, seed, steps=steps), timeout=3600)
+
+    def close(self) -> None:
+        from difflet.runtime.demo import stop_server
+
+        self.channel.close()
+        stop_server(self.proc)
+
+
+def isolated_latency(target: Target, steps: int, n: int = 7, warmup: int = 2) -> float:
+    for i in range(warmup):
+        target.request(i, steps)
+    samples = []
+    for i in range(n):
+        start = time.perf_counter()
+        target.request(100 + i, steps)
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def run_level(target: Target, times: list[float], steps: int) -> dict:
+    import grpc
+
+    results: list = [None] * len(times)
+    threads = []
+    t0 = time.perf_counter() + 0.05
+
+    def one(i: int) -> None:
+        sent = time.perf_counter()
+        try:
+            target.request(1000 + i, steps)
+            results[i] = ("ok", time.perf_counter() - (t0 + times[i]))
+        except grpc.RpcError as err:
+            results[i] = (err.code().name, time.perf_counter() - sent)
+
+    for i, at in enumerate(times):
+        delay = t0 + at - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)  # open loop: send at the arrival time, whatever is in flight
+        thread = threading.Thread(target=one, args=(i,))
+        thread.start()
+        threads.append(thread)
+    for thread in threads:
+        thread.join()
+    ok = [lat for code, lat in results if code == "ok"]
+    return {"latencies": ok, "lost": len(times) - len(ok),
+            "errors": sorted({code for code, _ in results if code != "ok"})}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=20, help="requests per load level")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--loads", default="0.5,0.8,1.0,1.2")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads per model process (0 = the server's cpu_count // replicas)")
+    parser.add_argument("--art", type=Path, default=None, help="artifact dir (else built)")
+    parser.add_argument("--store", type=Path, default=REPO / ".pytest_cache" / "difflet-store")
+    args = parser.parse_args()
+    loads = [float(x) for x in args.loads.split(",")]
+    art = args.art or build_artifacts(args.store)
+
+    rows, raw = [], {}
+    single = Target(art, 1, args.threads)
+    try:
+        iso = isolated_latency(single, args.steps)
+        print(f"isolated latency {iso * 1000:.0f} ms ({args.steps} steps); SLO {SLO_FACTOR}x = "
+              f"{SLO_FACTOR * iso * 1000:.0f} ms", flush=True)
+        sequences = {rho: arrivals(rho / iso, args.n, args.seed + k) for k, rho in enumerate(loads)}
+        for name, replicas in (("1 process", 1), ("2 replicas", 2)):
+            target = single if replicas == 1 else Target(art, replicas, args.threads)
+            try:
+                if replicas > 1:
+                    run_level(target, [0.0] * replicas, args.steps)  # every replica's first call
+                for rho, times in sequences.items():
+                    res = run_level(target, times, args.steps)
+                    lat = res["latencies"]
+                    span = times[-1] - times[0]
+                    realized = (len(times) - 1) / span * iso if span > 0 else float("nan")
+                    row = {"config": name, "load": rho, "realized": realized,
+                           "p50_s": percentile(lat, 0.5) if lat else float("nan"),
+                           "p99_s": percentile(lat, 0.99) if lat else float("nan"),
+                           "slo": sum(x <= SLO_FACTOR * iso for x in lat) / len(times),
+                           "done": len(lat), "lost": res["lost"], "errors": res["errors"]}
+                    rows.append(row)
+                    raw[f"{name}@{rho}"] = lat
+                    print(json.dumps(row), flush=True)
+            finally:
+                if replicas > 1:
+                    target.close()
+    finally:
+        single.close()
+
+    print()
+    print(f"| config | load | realized | p50 s | p99 s | SLO ({SLO_FACTOR}x = {SLO_FACTOR * iso:.2f} s) "
+          f"| completed | lost |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['config']} | {r['load']:.1f} | {r['realized']:.2f} | {r['p50_s']:.2f} | "
+              f"{r['p99_s']:.2f} | {r['slo'] * 100:.0f}% | {r['done']}/{r['done'] + r['lost']} | "
+              f"{r['lost']} |")
+    return 1 if any(r["lost"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
