@@ -91,7 +91,15 @@ def rank_weights(node: Node, ckpt: str | os.PathLike, entry: Path, rank: int, ba
 
 
 def load_compiled_rank(rank: int, groups, backend: str, program: str, weights: str):
-    """Worker loader: the rank's compiled program with its presharded weights."""
+    """Worker loader: the rank's compiled program with its presharded weights.
+
+    An inductor rank program runs with the GIL released (parallel.aoti_runner): torch's own
+    binding holds it across the program's collective waits, and a gloo thread finishing a
+    collective may need it, which deadlocked the ranks."""
+    if backend == "inductor":
+        from difflet.parallel.aoti_runner import NoGilRunner
+
+        return NoGilRunner(Path(program), Path(weights))
     from difflet.codegen.backends import load_runner
 
     return load_runner(backend, Path(program), Path(weights))
@@ -109,6 +117,10 @@ def split_program(node: Node, backend: str, programs: list[Path], weights: list[
     from difflet.parallel.workers import SplitProgram
 
     args = [(backend, str(p), str(w)) for p, w in zip(programs, weights, strict=True)]
+    if backend == "inductor":
+        from difflet.parallel.aoti_runner import build
+
+        build()  # the shim is built (once) here, not by every rank worker at once
     return SplitProgram(node, degrees(node), load_compiled_rank, args, **kw)
 
 
