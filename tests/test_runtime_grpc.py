@@ -138,13 +138,14 @@ def test_cli_generate_exit_codes(server, tmp_path):
 
 
 def test_cache_override_skips_denoiser_calls_and_off_matches_the_default(server):
-    plain = client.generate(server, "a red fox", 9, steps=8, timeout=300)
-    off = client.generate(server, "a red fox", 9, steps=8, cache="off", timeout=300)
-    cached = client.generate(server, "a red fox", 9, steps=8, cache="cadence:2", timeout=300)
-    assert (plain.cache, plain.cached_steps, plain.denoiser_calls) == ("off", 0, 8)
+    # 20 steps: the step cache keeps its first and last 5 steps full, cadence:2 skips every other
+    plain = client.generate(server, "a red fox", 9, steps=20, timeout=300)
+    off = client.generate(server, "a red fox", 9, steps=20, cache="off", timeout=300)
+    cached = client.generate(server, "a red fox", 9, steps=20, cache="cadence:2", timeout=300)
+    assert (plain.cache, plain.cached_steps, plain.denoiser_calls) == ("off", 0, 20)
     assert off.png == plain.png and off.cache == "off"
-    assert cached.cache == "cadence:2" and cached.cached_steps > 0
-    assert cached.denoiser_calls + cached.cached_steps == 8
+    assert cached.cache == "cadence:2" and cached.cached_steps == 5
+    assert cached.denoiser_calls + cached.cached_steps == 20
     with pytest.raises(grpc.RpcError) as err:  # a calibration file is checked by the runner
         client.generate(server, "a red fox", 9, cache="calibrated:/nonexistent.json", timeout=60)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
