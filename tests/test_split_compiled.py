@@ -84,6 +84,78 @@ def test_compiled_split_program_equals_unsplit_diffusers(split_art):
         prog.close()
 
 
+def _blocked_in_native_call(thread_id: int) -> bool:
+    """Whether `thread_id` sits in a C call made from a `__call__` (a runner) with the GIL released.
+
+    Its innermost Python frame is observed twice around a GIL hand-over (`sleep(0)` gives the GIL
+    to a thread waiting for it): a thread that merely paused at a bytecode boundary has moved on by
+    the second look; one blocked in native code with the GIL released has not."""
+    import sys
+    import time
+
+    def look():
+        f = sys._current_frames().get(thread_id)
+        return None if f is None else (f.f_code, f.f_lasti)
+
+    first = look()
+    time.sleep(0)
+    return first is not None and first[0].co_name == "__call__" and look() == first
+
+
+def gil_probed_rank(rank, groups, backend, program, weights):
+    """Worker loader: the compiled rank program, arranged so that a call completes only if rank 0's
+    program lets another Python thread of rank 0 run while it waits on a collective.
+
+    Ranks 1-3 start their call only after rank 0's probe thread has written a store key, and the
+    probe writes it only once rank 0's main thread is blocked inside the runner's native call; rank
+    0's program then waits in its first collective (with rank 1) for them. A program that holds the
+    GIL while it waits (torch's own AOTI binding does) starves the probe: the ranks hang until the
+    timeout. That is the deadlock the gloo threads hit when they need the GIL to drop a finished
+    collective's tensors."""
+    import threading
+
+    import torch.distributed as dist
+
+    from difflet.codegen.split_codegen import load_compiled_rank
+
+    store = dist.distributed_c10d._get_default_store()
+    run = load_compiled_rank(rank, groups, backend, program, weights)
+    calls = [0]
+
+    def call(*tensors):
+        calls[0] += 1
+        key = f"probe{calls[0]}"
+        if rank == 0:
+            main = threading.get_ident()
+
+            def probe():
+                while not _blocked_in_native_call(main):
+                    pass
+                store.set(key, "ran")
+
+            threading.Thread(target=probe, daemon=True).start()
+        else:
+            store.wait([key])
+        return run(*tensors)
+    return call
+
+
+def test_compiled_rank_programs_let_other_threads_run_while_waiting_on_collectives(split_art):
+    from difflet.codegen.build import example_inputs
+    from difflet.codegen.split_codegen import degrees
+    from difflet.parallel.workers import SplitProgram
+
+    module, _, out, _ = split_art
+    node = module.component("transformer")
+    manifest = json.loads((out / "manifest.json").read_text())["components"]["transformer"]
+    args = [("inductor", str(out / r["program"]["path"]), str(out / r["weights"]["path"]))
+            for r in manifest["ranks"]]
+    x = example_inputs(node)
+    with SplitProgram(node, degrees(node), gil_probed_rank, args, timeout=60) as prog:
+        for _ in range(2):
+            assert prog(*x[:-1], T)[0].shape == x[0].shape
+
+
 def test_second_codegen_reuses_every_rank_program(split_art, difflet_test_store, tmp_path):
     from difflet.codegen.driver import codegen
 
