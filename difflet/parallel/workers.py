@@ -18,10 +18,10 @@ Invariants:
   an error or `close()` the program is unusable and no worker outlives it (also on GC/exit).
 - Calls are serialized (one in flight): the ranks' collectives must pair up in order.
 
-Known issue (open): AOTInductor rank programs (tp2cp2 ulysses) deadlocked on gloo in 2 of about 8
-loads, with identical collective order in all four compiled programs; gdb showed ranks inside
-different collectives (tp all-reduce vs cp all-to-all) with several functional collectives in
-flight. `timeout` turns it into RankError; the eager rank modules have not shown it.
+Compiled rank programs run with the GIL released (parallel.aoti_runner): torch's AOTI binding
+holds it across the program's collective waits while gloo's worker threads may need it (to drop a
+finished collective's tensors) under their group's work mutex, which deadlocked tp2cp2 ranks in
+different collectives. A loader's runner must not hold the GIL while it waits on a collective.
 """
 from __future__ import annotations
 
