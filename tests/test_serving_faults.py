@@ -89,8 +89,9 @@ def test_deadline_is_answered_at_the_deadline_and_the_same_process_serves_next(s
     assert 0.8 <= elapsed <= 1.2, elapsed
     reply = client.generate(server, PROMPT, SEED, timeout=120)
     assert reply.model_pid == pid == model_pid(server)
-    # the cancelled 400-step run stopped at a step boundary instead of running to its end
-    assert reply.timings.queue_ms < 1000, reply.timings.queue_ms
+    # the cancelled 1000-step run stopped at a step boundary instead of running to its end
+    # (which takes well over 5 s on this CPU); the bound is loose for a loaded shared machine
+    assert reply.timings.queue_ms < 5000, reply.timings.queue_ms
     assert client.get_profile(server).serving.recoveries == 0
 
 

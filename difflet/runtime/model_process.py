@@ -15,7 +15,8 @@ Invariants:
   test can see that the count stays 0.
 - The warm-up generation must pass its checks before "ready" is sent.
 - SIGINT is ignored (the API process decides when model processes stop); EOF on the pipe (the
-  API process went away) ends it.
+  API process went away) ends it. It leads its own process group, so the API process can kill
+  it together with any rank workers its programs started (split components).
 - DIFFLET_FAULTS (tests only): "hang-on-cancel" blocks forever when asked to stop (a
   generation stuck in a device call, the case --grace exists for);
   "hold-load:PATH" makes the first process (generation 0) wait until a line can be read from
@@ -136,6 +137,7 @@ def _run(conn, runner, seq: int, fields: dict[str, Any], should_stop: Callable, 
 
 def serve(conn, cancel_upto, config: dict[str, Any]) -> None:
     """Process entry point (spawned): load, warm up, report, then serve "run" messages."""
+    os.setpgrp()  # its own process group: a kill also reaches rank workers it started
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     import faulthandler
 

@@ -18,6 +18,8 @@ Invariants:
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
 import threading
 import time
 from multiprocessing.connection import wait
@@ -168,6 +170,7 @@ class Replica:
                 code = proc.exitcode
                 why = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
                 self.state = "recovering"  # before the job is handed back: no new assignment
+                self._kill()  # its process group: rank workers it may have left behind
                 self._fail_job(f"the model process (pid {self.pid}) died ({why}) during the "
                                f"request; a replacement is loading")
                 return "crash"
@@ -212,7 +215,13 @@ class Replica:
             self._wake_r.recv_bytes()
 
     def _kill(self) -> None:
+        """SIGKILL the model process's group (it and any workers it started), confirm the exit."""
         proc = self._proc
+        if proc is not None and proc.pid:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass  # no group (yet, or any more): the process itself is handled below
         if proc is not None and proc.is_alive():
             proc.kill()
         if proc is not None:
