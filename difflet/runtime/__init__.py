@@ -3,5 +3,7 @@
 Layers, each usable without the next: `schedule` (+ `host/` steps by family) runs one request;
 `runner.ModelRunner` loads ART/ once and serialises requests; `service` exposes it as
 difflet.v1.Difflet with health and reflection; `server` is the `difflet-runtime` process;
-`client`/`commands` are the `difflet generate`/`difflet demo` side.
+`client`/`commands` are the `difflet generate`/`difflet demo` side. Serving is two processes:
+the torch-free API process (`server`, `service`, `admission`, `dispatcher`, `replica`,
+`startup`, `metrics`) and spawned model processes (`model_process`) that own the runner.
 """
