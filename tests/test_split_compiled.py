@@ -197,3 +197,16 @@ def test_split_layouts_of_other_classes_are_refused_naming_the_class():
     assert unsupported_reason(node) is None
     with pytest.raises(DiffletError, match="supported for diffusers.FluxTransformer2DModel only"):
         build_rank_module(other, "/nonexistent", None)
+
+
+def test_the_gil_free_runner_refuses_weights_lacking_a_constant(split_art, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from difflet.parallel.aoti_runner import NoGilRunner
+
+    out = split_art[2]
+    weights = load_file(str(out / "weights" / "transformer.rank1.safetensors"))
+    weights.pop("model.transformer_blocks.0.attn.to_q.weight")
+    save_file(weights, str(tmp_path / "w.safetensors"))
+    with pytest.raises(DiffletError, match="weights lack 1 constants"):
+        NoGilRunner(out / "programs" / "transformer.rank1.pt2", tmp_path / "w.safetensors")
