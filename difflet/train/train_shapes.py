@@ -61,11 +61,13 @@ def _loop(name, out, params, total, peak, warmup, step_fn, state_extra, load_ext
         opt.load_state_dict(st["opt"])
         load_extra(st)
         step = st["step"]
+        torch.set_rng_state(st["torch_rng"])  # T5 dropout draws from the global generator
         log(f"{name}: resumed at step {step}")
     t0, ema_loss = time.time(), None
 
     def save():
-        _save(path, {"opt": opt.state_dict(), "step": step, **state_extra()})
+        _save(path, {"opt": opt.state_dict(), "step": step, "torch_rng": torch.get_rng_state(),
+                     **state_extra()})
 
     while step < total:
         for g in opt.param_groups:
