@@ -110,3 +110,13 @@ def test_cache_key_ignores_runtime_settings(tiny):
     planned = optimize(other, "tp1", **PINNED)
     for name in ("text_encoder", "text_encoder_2", "transformer", "vae"):
         assert _key(planned, name) == _key(base, name)
+
+
+def test_cache_key_of_a_world1_component_ignores_its_placement(tiny):
+    """A replicated TP1 encoder/VAE is one program wherever it is placed: same key (one compile)
+    in a tp1 and a 4-rank plan; the split denoiser's key keeps its layout."""
+    base, split = optimize(tiny, "tp1", **PINNED), optimize(tiny, "tp2cp2", attention="ring", **PINNED)
+    assert split.component("vae").find(Op.LAYOUT)[0].attrs["replicas"] == 4
+    for name in ("text_encoder", "text_encoder_2", "vae"):
+        assert _key(split, name) == _key(base, name)
+    assert _key(split) != _key(base)

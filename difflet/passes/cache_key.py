@@ -3,8 +3,12 @@
 Inputs (exactly these, written out by `key_inputs`, printed by `difflet opt --explain-key`):
 the component's class, config, entry, dtype and probe attrs; its input/output names and
 types (shapes, dtypes, runtime ranges) with their select/alias/state attrs; its attention
-sites; its planned layout node (attrs and body); the backend; the compiler version; the
+sites; its planned layout node (attrs and body; for a world-1 layout without its placement:
+ranks, replicas and groups read as one copy on rank 0); the backend; the compiler version; the
 Difflet version; whether a probe is carried.
+A world-1 program is the same program wherever and however often it is placed, so a TP1
+encoder keys (and compiles) the same in a tp1 and a tp2cp2 plan; a split layout keeps its
+placement, which its rank programs' collectives depend on.
 Never inputs: runtime settings (cache mode, threshold, cadence, steps, guidance, seed),
 weights (or params counts and subfolders, which name them), tokenizers (host side) and
 source locations. So changing a runtime setting recompiles nothing.
@@ -66,13 +70,25 @@ def _node(n: Node) -> dict:
             "body": [_node(b) for b in n.body]}
 
 
+def _unplaced(layout: dict) -> dict:
+    """A world-1 layout's key form: placement normalized to the single-rank plan's values (so a
+    tp1 plan's keys are exactly what they were before placement was left out)."""
+    a = layout["attrs"]
+    if a.get("world", 1) != 1:
+        return layout
+    a.update({k: v for k, v in (("ranks", [0]), ("replicas", 1)) if k in a})
+    if "groups" in a:
+        a["groups"] = {axis: [[0]] for axis in a["groups"]}
+    return layout
+
+
 def key_inputs(comp: Node, backend: str, compiler: str, difflet: str, probe: str) -> dict:
     """Everything the key hashes, as plain JSON-able data, in a fixed order."""
     kept = (Op.INPUT, Op.OUTPUT, Op.ATTENTION, Op.LAYOUT)
     return {
         "component": comp.name,
         "attrs": {k: _plain(comp.attrs[k]) for k in KEY_ATTRS if k in comp.attrs},
-        "body": [_node(n) for n in comp.body if n.op in kept],
+        "body": [_unplaced(_node(n)) if n.op == Op.LAYOUT else _node(n) for n in comp.body if n.op in kept],
         "backend": backend,
         "compiler": compiler,
         "difflet": difflet,

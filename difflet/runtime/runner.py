@@ -11,6 +11,9 @@ Invariants:
 - `generate(on_step=, should_stop=)`: on_step(step_index, total_steps, cached) after every
   denoising step; should_stop() before every schedule step and denoising step (raises
   difflet.runtime.cancel.Cancelled; the next request starts from fresh state all the same).
+- `close()` (also `with ModelRunner...`) closes every program that has a `.close()` (a split
+  program's rank workers stop); idempotent; a split program is unusable afterwards. Without it
+  the workers still end with the process (daemonic, and SplitProgram closes itself on GC).
 """
 from __future__ import annotations
 
@@ -136,6 +139,19 @@ class ModelRunner:
         if state.image is None:
             raise DiffletError("the schedule finished without producing an image", where="schedule")
         return state
+
+    def close(self) -> None:
+        """Stop what the programs hold outside this process (split programs' rank workers)."""
+        with self._lock:  # never under a running request: its ranks would be killed mid-call
+            for prog in (*self.env.programs.values(), self.probe):
+                if hasattr(prog, "close"):
+                    prog.close()
+
+    def __enter__(self) -> "ModelRunner":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def warm_up(self) -> GenerateResult:
         """One real generation at the profile defaults, checked; raises RuntimeError if bad."""
