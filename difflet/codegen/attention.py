@@ -150,4 +150,12 @@ def install_attention(model: torch.nn.Module, node: Node) -> int:
                                    f"{site.attrs.get('head_dim')}", where=site.loc)
             mod.set_processor(cls(_text_len(node), text_first=order[0] == "text"))
             count += 1
+    if hasattr(cls, "prepare_model"):  # a class whose forward needs adapting to the program convention
+        cls.prepare_model(model, node)
     return count
+
+
+# at the bottom: split_qwen imports this module's op lazily, so either may be imported first
+from difflet.codegen.split_qwen import QwenBoundedAttnProcessor  # noqa: E402
+
+PROCESSORS["diffusers.QwenImageTransformer2DModel"] = QwenBoundedAttnProcessor

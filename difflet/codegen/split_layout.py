@@ -11,7 +11,8 @@ Invariants:
   IR outputs on every rank: it slices its visual shard of the visual inputs itself (no
   communication) and all-gathers its output shard over tp (with SP) and then cp. So a split
   program has exactly the call convention of an unsplit one.
-- Supported: FLUX (diffusers.FluxTransformer2DModel) with any tp, cp (ulysses|ring|gather_kv)
+- Supported: FLUX (diffusers.FluxTransformer2DModel) and Qwen-Image (QwenImageTransformer2DModel,
+  split_qwen.py) with any tp, cp (ulysses|ring|gather_kv)
   and sp; cfg, dp and other classes raise DiffletError naming the component.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 
 from difflet.codegen.attention import FluxBoundedAttnProcessor, install_attention
 from difflet.codegen.build import ProgramModule, build_program_module, program_inputs
+from difflet.codegen.split_qwen import QwenSplitAttnProcessor
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
 from difflet.parallel.joint_attention import joint_attention
@@ -36,6 +38,12 @@ CLASS_FACTS = {
         "visual_outputs": {"sample": 1},
         "sp_entries": ("context_embedder", "x_embedder"),
         "joint_prefixes": ("single_transformer_blocks.",),
+    },
+    "diffusers.QwenImageTransformer2DModel": {
+        "visual_inputs": {"hidden_states": 1},
+        "visual_outputs": {"sample": 1},
+        "sp_entries": ("txt_in", "img_in"),
+        "joint_prefixes": (),  # double-stream only: no linear sees the joint sequence
     },
 }
 
@@ -80,6 +88,11 @@ class FluxSplitAttnProcessor(FluxBoundedAttnProcessor):
         out_vis, out_txt = joint_attention(mode, q[:, :, vis], k[:, :, vis], v[:, :, vis], q[:, :, txt],
                                            k[:, :, txt], v[:, :, txt], valid_text, self.group)
         return torch.cat([out_txt, out_vis] if self.text_first else [out_vis, out_txt], dim=2)
+
+
+# Which split processor serves which class (same constructor: text_len, text_first, mode, group).
+SPLIT_PROCESSORS = {"diffusers.FluxTransformer2DModel": FluxSplitAttnProcessor,
+                    "diffusers.QwenImageTransformer2DModel": QwenSplitAttnProcessor}
 
 
 def _group(groups, axis: str, degree: int):
@@ -138,12 +151,13 @@ def _install_split_attention(model, node: Node, layout: Node, cp_group, text_len
     install_attention(model, node)  # validates sites, heads and order against the model
     orders = {a.name: tuple(a.attrs.get("order", ("text", "visual"))) for a in node.find(Op.ATTENTION)}
     modules = dict(model.named_modules())
+    processor = SPLIT_PROCESSORS[node.attrs["class"]]
     for site in (n for n in layout.body if n.op == Op.ATTENTION):
         mode = site.attrs["mode"]
         for name, mod in modules.items():
             if fnmatch.fnmatchcase(name, site.name):
-                mod.set_processor(FluxSplitAttnProcessor(text_len, orders.get(site.name, ("text",))[0] == "text",
-                                                         mode, cp_group if mode != "local" else None))
+                mod.set_processor(processor(text_len, orders.get(site.name, ("text",))[0] == "text",
+                                            mode, cp_group if mode != "local" else None))
 
 
 class RankProgramModule(ProgramModule):
