@@ -18,6 +18,10 @@ example inputs (median of 100). Prints JSON (also to --json), then a markdown ta
 model, steps and call costs. Targets: speedup >= 0.98 of the ceiling, cached step <= 1% of a full
 step, probe <= 2% of a denoiser call.
 
+The full-step ms column is the noise gauge: every mode runs the same denoiser call, so on a quiet
+machine it is equal across rows, and a spread of k% moves "of ceiling" by about k% either way
+(above 1.000 is such noise; so is part of any miss of the same size).
+
 Models: models/flux-tiny.dsl (default; ~1 ms per denoiser call, so fixed per-step host costs
 dominate its ratios) and models/flux-bench.dsl (tens of ms per call, like a real model relative
 to host work; use fewer repeats, e.g. --repeats 5).
