@@ -91,15 +91,25 @@ class ProgressBar:
 
 @click.command()
 @click.option("-o", "--output", default="demo.png", show_default=True, type=click.Path(dir_okay=False))
-@click.option("--prompt", default="a red fox in the snow", show_default=True)
+@click.argument("prompt_arg", metavar="[PROMPT]", required=False)
+@click.option("--prompt", default=None,
+              help='same as PROMPT (default: "a yellow triangle on a black background")')
+@click.option("--model", type=click.Choice(["flux-shapes", "flux-tiny"]), default="flux-shapes",
+              show_default=True,
+              help="flux-shapes: the shipped trained weights; flux-tiny: random:0 weights")
 @click.option("--seed", default=42, show_default=True, type=int)
 @click.option("--store", default=None, type=click.Path(file_okay=False),
               help="program store (default: $DIFFLET_STORE or the user cache)")
-def demo(output: str, prompt: str, seed: int, store: str | None) -> None:
-    """Lower, optimize, compile and serve the bundled flux-tiny model; generate one image."""
-    from difflet.runtime.demo import run_demo
+def demo(output: str, prompt_arg: str | None, prompt: str | None, model: str, seed: int,
+         store: str | None) -> None:
+    """Lower, optimize, compile and serve a bundled model (default: the trained flux-shapes);
+    generate one image."""
+    from difflet.runtime.demo import DEFAULT_PROMPT, run_demo
 
-    run_demo(Path(output), prompt, Path(store) if store else None, seed=seed, log=click.echo)
+    if prompt_arg and prompt and prompt_arg != prompt:
+        raise click.UsageError("give the prompt once (PROMPT or --prompt)")
+    run_demo(Path(output), prompt_arg or prompt or DEFAULT_PROMPT, Path(store) if store else None,
+             seed=seed, log=click.echo, model=model)
 
 
 COMMANDS = [generate, demo]

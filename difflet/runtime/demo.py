@@ -1,6 +1,8 @@
-"""`difflet demo`: the whole toolchain on the bundled flux-tiny model, CPU, one command.
+"""`difflet demo`: the whole toolchain on a bundled model, CPU, one command.
 
-Stages (each timed): lower -> opt (tp1, cpu, inductor) -> codegen (random:0 weights, programs
+Models (`MODELS`): flux-shapes (default; the trained pipeline shipped in difflet/assets/flux-shapes,
+so the image follows the prompt) and flux-tiny (random:0 weights, noise-like images).
+Stages (each timed): lower -> opt (tp1, cpu, inductor) -> codegen (the model's weights, programs
 from the content-addressed store) -> start `difflet-runtime --port 0` and wait until it prints
 "listening on HOST:PORT" (it does so only once SERVING) -> one Generate over gRPC -> write the
 PNG -> SIGTERM the server and wait for its exit.
@@ -24,6 +26,14 @@ from difflet.errors import DiffletError
 
 REPO = Path(__file__).resolve().parent.parent.parent
 DEMO_DSL = REPO / "models" / "flux-tiny.dsl"
+SHAPES_WEIGHTS = REPO / "difflet" / "assets" / "flux-shapes"
+# name -> (model description, --weights); the DSL has no weights clause, so the pairing lives here
+MODELS = {
+    "flux-shapes": (REPO / "models" / "flux-shapes.dsl", str(SHAPES_WEIGHTS)),
+    "flux-tiny": (DEMO_DSL, "random:0"),
+}
+DEFAULT_MODEL = "flux-shapes"
+DEFAULT_PROMPT = "a yellow triangle on a black background"
 SERVER_START_TIMEOUT_S = 600.0
 
 
@@ -115,29 +125,43 @@ def quiet_libraries() -> None:
         lib.utils.logging.disable_progress_bar()
 
 
-def run_demo(output: Path, prompt: str, store: Path | None, seed: int = 42,
-             log: Callable[[str], None] = print) -> DemoReport:
+def compile_model(model: str, art: Path, store: Path, report: DemoReport | None = None):
+    """Lower, optimize (tp1, cpu, inductor) and codegen bundled MODEL into a fresh ART dir
+    (programs from STORE); returns codegen's result. ART is a view of the store: rebuilt each call."""
     from difflet.codegen.driver import codegen
-    from difflet.codegen.store import default_store_dir
     from difflet.frontend.lower import lower_file
     from difflet.passes.pipeline import optimize
+
+    dsl, weights = MODELS[model]
+    if not dsl.is_file():
+        raise DiffletError("the bundled model description is missing", where=str(dsl))
+    report = report if report is not None else DemoReport()
+    with _Timer(report, "lower"):
+        module = lower_file(str(dsl))
+    with _Timer(report, "opt"):
+        module = optimize(module, parallel="tp1", target="cpu", backend="inductor")
+    with _Timer(report, "codegen") as t:
+        if art.exists():
+            shutil.rmtree(art)
+        result = codegen(module, weights, art, backend="inductor", store=store,
+                         log=lambda *a: None)
+        t.note = _codegen_counts(result)
+    return result
+
+
+def run_demo(output: Path, prompt: str, store: Path | None, seed: int = 42,
+             log: Callable[[str], None] = print, model: str = DEFAULT_MODEL) -> DemoReport:
+    from difflet.codegen.store import default_store_dir
     from difflet.runtime import client
 
-    if not DEMO_DSL.is_file():
-        raise DiffletError("the bundled model description is missing", where=str(DEMO_DSL))
+    if model not in MODELS:
+        raise DiffletError(f"unknown demo model {model!r} (one of {', '.join(MODELS)})",
+                           where="--model")
     store = Path(store) if store is not None else default_store_dir()
     quiet_libraries()
     report = DemoReport()
-    with _Timer(report, "lower"):
-        module = lower_file(str(DEMO_DSL))
-    with _Timer(report, "opt"):
-        module = optimize(module, parallel="tp1", target="cpu", backend="inductor")
-    art = store / "demo-art" / module.name
-    with _Timer(report, "codegen") as t:
-        if art.exists():  # the ART dir is a view of the store; rebuilt from it each run
-            shutil.rmtree(art)
-        t.note = _codegen_counts(codegen(module, "random:0", art, backend="inductor",
-                                         store=store, log=lambda *a: None))
+    art = store / "demo-art" / model
+    compile_model(model, art, store, report)
     with _Timer(report, "load+warm-up") as t:
         proc, address = start_server(art)
         t.note = f"difflet-runtime on {address}"

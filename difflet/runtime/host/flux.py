@@ -188,14 +188,22 @@ def predict_noise(env: HostEnv, component: str, state: RequestState, latents: to
 
 @host_step("flux.denoise", phase="denoise")
 def denoise(env: HostEnv, step: Node, state: RequestState) -> None:
-    """Flow-matching Euler loop with embedded (distilled) guidance."""
+    """Flow-matching Euler loop with embedded (distilled) guidance, or none.
+
+    Mode "none" is a transformer without guidance embeds (guidance_embeds false): FluxPipeline
+    passes guidance=None, so the program has no `guidance` input and none is passed.
+    """
     (transformer,) = step.args
     guidance_mode = step.attrs.get("guidance", None)
     mode = guidance_mode["mode"] if guidance_mode is not None else "embedded"
-    if mode != "embedded":
-        raise DiffletError(f"flux.denoise supports guidance mode 'embedded', not {mode!r}",
-                           where=step.loc)
+    if mode not in ("embedded", "none"):
+        raise DiffletError(f"flux.denoise supports guidance modes 'embedded' and 'none', not "
+                           f"{mode!r}", where=step.loc)
     names = {n.name for n in env.component(transformer).find(Op.INPUT)}
+    if (mode == "none") == ("guidance" in names):  # a mismatch would silently drop or invent it
+        raise DiffletError(f"guidance mode {mode!r} but transformer {transformer!r} "
+                           f"{'has' if 'guidance' in names else 'has no'} guidance input",
+                           where=step.loc)
     extra = {}
     if "guidance" in names:
         extra["guidance"] = torch.full([1], state.params.guidance, dtype=torch.float32)

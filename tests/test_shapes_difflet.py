@@ -1,0 +1,73 @@
+"""Difflet's compiled flux-shapes pipeline generates FluxPipeline's images on the shipped weights.
+
+Oracle: diffusers' stock FluxPipeline loaded from difflet/assets/flux-shapes (no Difflet code on
+that side), called as the model card says (32x32, max_sequence_length=16, default 28 steps).
+Difflet's side is models/flux-shapes.dsl lowered, optimized (tp1, cpu, inductor), codegen'd
+against the same directory (programs from the session test store) and run through
+ModelRunner.from_artifacts with the profile's defaults: the path difflet-runtime serves.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from difflet.train import generate, load_pipeline
+from difflet.train.checker import check
+from difflet.train.shapes_data import caption
+
+# the demo's default prompt and seed, and a second shape/colour pair; both drawn correctly
+CASES = [(("triangle", "yellow", "black"), 42), (("circle", "red", "blue"), 1)]
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    return float("inf") if mse == 0 else 10 * np.log10(255.0 ** 2 / mse)
+
+
+@pytest.fixture(scope="module")
+def shapes_runner(difflet_test_store, tmp_path_factory):
+    from difflet.runtime.demo import compile_model
+    from difflet.runtime.runner import ModelRunner
+
+    art = tmp_path_factory.mktemp("flux-shapes-art") / "art"
+    compile_model("flux-shapes", art, difflet_test_store)
+    runner = ModelRunner.from_artifacts(art)
+    yield runner
+    runner.close()
+
+
+@pytest.mark.slow
+def test_difflet_image_matches_fluxpipeline(shapes_runner):
+    assert shapes_runner.profile["steps"] == 28 and shapes_runner.profile["max_text"] == 16
+    pipe = load_pipeline()
+    for spec, seed in CASES:
+        prompt = caption(*spec)
+        ours = shapes_runner.generate(shapes_runner.resolve(prompt=prompt, seed=seed)).image
+        (ref,) = generate(pipe, [prompt], [seed])
+        assert ours.shape == ref.shape == (32, 32, 3)
+        assert psnr(ours, ref) >= 40.0, (prompt, seed, psnr(ours, ref))
+        # the same image, so it must also be a correct one (not two equal failures)
+        assert all(check(ours, *spec).values()), (prompt, seed, check(ours, *spec))
+
+
+def test_guidance_mode_none_needs_a_transformer_without_guidance_input():
+    """Mode "none" with a transformer that has a guidance input is refused, not run unguided."""
+    from difflet.errors import DiffletError
+    from difflet.ir.nodes import Op
+    from difflet.runtime.host import flux
+
+    class Env:
+        def component(self, name):
+            return Comp()
+
+    class Comp:
+        def find(self, op):
+            assert op is Op.INPUT
+            return [type("N", (), {"name": "guidance"})()]
+
+    class Step:
+        args, loc = ("transformer",), "test"
+        attrs = {"guidance": {"mode": "none"}}
+
+    with pytest.raises(DiffletError, match="has guidance input"):
+        flux.denoise(Env(), Step(), None)
