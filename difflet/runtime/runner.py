@@ -26,8 +26,7 @@ from typing import Any, Callable, Mapping
 
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Module
-from difflet.runtime.host import get_step
-from difflet.runtime.schedule import GenerateParams, HostEnv, RequestState, check_schedule, schedule_steps
+from difflet.runtime.schedule import GenerateParams, HostEnv, check_schedule, run_schedule
 from difflet.runtime.validate import resolve_request
 from difflet.stepcache.plan import OFF, CachePlan, PlanResolver, StepHooks
 
@@ -120,25 +119,11 @@ class ModelRunner:
             params = RequestParams(**asdict(params), cache=self.default_cache)
         with self._lock:
             start = time.perf_counter()
-            state = self._run_schedule(params, hooks)
+            state = run_schedule(self.env, params, hooks)
             png = encode_png(state.image)
             timings = dict(state.timings, total=(time.perf_counter() - start) * 1000.0)
         stats = dict(state.values.get("cache_stats", {}))
         return state, GenerateResult(params, state.image, png, timings, stats)
-
-    def _run_schedule(self, params: RequestParams, hooks: StepHooks) -> RequestState:
-        """schedule.run_schedule plus the step hooks (fresh state, steps in IR order, phase timings)."""
-        state = RequestState(params)
-        state.values["step_hooks"] = hooks
-        for step in schedule_steps(self.env.module):
-            hooks.before_step()
-            host = get_step(step.name)
-            t0 = time.perf_counter()
-            host.fn(self.env, step, state)
-            state.timings[host.phase] += (time.perf_counter() - t0) * 1000.0
-        if state.image is None:
-            raise DiffletError("the schedule finished without producing an image", where="schedule")
-        return state
 
     def close(self) -> None:
         """Stop what the programs hold outside this process (split programs' rank workers)."""

@@ -93,10 +93,18 @@ def check_schedule(module: Module, programs: Mapping[str, Callable]) -> None:
                                    f"program (have: {', '.join(sorted(programs))})", where=step.loc)
 
 
-def run_schedule(env: HostEnv, params: GenerateParams) -> RequestState:
-    """Run every schedule step for one request on fresh state; returns that state."""
+def run_schedule(env: HostEnv, params: GenerateParams, hooks: Any = None) -> RequestState:
+    """Run every schedule step for one request on fresh state; returns that state.
+
+    `hooks` (a stepcache.plan.StepHooks) is checked before every step and handed to the steps
+    through the state, so cancellation and progress reach the denoise loop.
+    """
     state = RequestState(params)
+    if hooks is not None:
+        state.values["step_hooks"] = hooks
     for step in schedule_steps(env.module):
+        if hooks is not None:
+            hooks.before_step()
         host = get_step(step.name)
         start = time.perf_counter()
         host.fn(env, step, state)
