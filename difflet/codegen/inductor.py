@@ -79,28 +79,37 @@ def build_and_compile(node: Node, ckpt_dir: str | os.PathLike, dest: Path) -> Pr
     return pm
 
 
+def load_program_weights(weights_path: Path, fqns: list[str]) -> dict:
+    """The constants a compiled program needs, read from its safetensors file.
+
+    Raises DiffletError naming the file when it is unreadable or lacks one of `fqns`.
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        weights = load_file(str(weights_path))
+    except (SafetensorError, OSError) as err:
+        raise DiffletError(f"cannot read weights: {err}", where=weights_path) from None
+    missing = sorted(set(fqns) - set(weights))
+    if missing:
+        raise DiffletError(f"weights lack {len(missing)} constants the program needs, e.g. {missing[:3]}",
+                           where=weights_path)
+    return {k: weights[k] for k in fqns}
+
+
 class CompiledRunner:
     """A loaded AOTInductor package with its weights: `runner(*tensors) -> tuple[Tensor, ...]`."""
 
     def __init__(self, program_path: Path, weights_path: Path) -> None:
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
         from torch._inductor.package import load_package
 
-        try:
-            weights = load_file(str(weights_path))
-        except (SafetensorError, OSError) as err:
-            raise DiffletError(f"cannot read weights: {err}", where=weights_path) from None
         try:
             self._model = load_package(str(program_path))
         except Exception as err:  # the loader raises bare RuntimeErrors from C++
             raise DiffletError(f"cannot load compiled program: {err}", where=program_path) from None
-        fqns = list(self._model.get_constant_fqns())
-        missing = sorted(set(fqns) - set(weights))
-        if missing:
-            raise DiffletError(f"weights lack {len(missing)} constants the program needs, e.g. {missing[:3]}",
-                               where=weights_path)
-        self._model.load_constants({k: weights[k] for k in fqns}, check_full_update=True)
+        constants = load_program_weights(weights_path, list(self._model.get_constant_fqns()))
+        self._model.load_constants(constants, check_full_update=True)
 
     def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         out = self._model(*tensors)

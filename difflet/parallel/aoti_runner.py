@@ -68,25 +68,14 @@ class NoGilRunner:
     """A loaded AOTInductor package with its weights, called with the GIL released."""
 
     def __init__(self, program_path: Path, weights_path: Path) -> None:
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
+        from difflet.codegen.inductor import load_program_weights
         from difflet.errors import DiffletError
 
-        try:
-            weights = load_file(str(weights_path))
-        except (SafetensorError, OSError) as err:
-            raise DiffletError(f"cannot read weights: {err}", where=weights_path) from None
         try:
             self._loader = build().NoGilLoader(str(program_path))
         except RuntimeError as err:  # the loader raises bare RuntimeErrors from C++
             raise DiffletError(f"cannot load compiled program: {err}", where=program_path) from None
-        fqns = list(self._loader.constant_fqns())
-        missing = sorted(set(fqns) - set(weights))
-        if missing:
-            raise DiffletError(f"weights lack {len(missing)} constants the program needs, e.g. {missing[:3]}",
-                               where=weights_path)
-        self._loader.load_constants({k: weights[k] for k in fqns})
+        self._loader.load_constants(load_program_weights(weights_path, list(self._loader.constant_fqns())))
 
     def __call__(self, *tensors):
         return tuple(self._loader.run(list(tensors)))
