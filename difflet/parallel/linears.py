@@ -11,7 +11,8 @@ Invariants:
   tokens after the row linear instead of all-reducing, so every rank ends with its own token
   shard of the full sum. Without SP the row linear all-reduces and outputs stay replicated.
 - CFG: ranks of a cfg group hold [cond, uncond] predictions in cfg rank order; `cfg_combine`
-  all-gathers them and returns uncond + scale * (cond - uncond) on every rank.
+  all-gathers them and returns uncond + scale * (cond - uncond) on every rank;
+  `cfg_combine_renorm` then rescales that to cond's norm along the last dim (QwenImagePipeline).
 - With size-1 groups every function is the unsplit computation.
 """
 from __future__ import annotations
@@ -69,3 +70,14 @@ def cfg_combine(pred: torch.Tensor, group, scale: float) -> torch.Tensor:
         raise ValueError(f"cfg_combine needs a cfg group of 2 ranks, got {comm.size(group)}")
     cond, uncond = comm.all_gather(pred.unsqueeze(0), 0, group).unbind(0)
     return uncond + scale * (cond - uncond)
+
+
+def cfg_combine_renorm(pred: torch.Tensor, group, scale: float, dim: int = -1) -> torch.Tensor:
+    """True CFG as diffusers' QwenImagePipeline does it: comb = uncond + scale * (cond - uncond),
+    then comb * (||cond|| / ||comb||) with norms over `dim` (keepdim), so each token's guided
+    prediction keeps the conditional prediction's norm. Same group convention as cfg_combine."""
+    if comm.size(group) != 2:
+        raise ValueError(f"cfg_combine_renorm needs a cfg group of 2 ranks, got {comm.size(group)}")
+    cond, uncond = comm.all_gather(pred.unsqueeze(0), 0, group).unbind(0)
+    comb = uncond + scale * (cond - uncond)
+    return comb * (torch.norm(cond, dim=dim, keepdim=True) / torch.norm(comb, dim=dim, keepdim=True))
