@@ -72,18 +72,17 @@ def codegen(module: Module, weights: str | os.PathLike, out: str | os.PathLike, 
     `weights` is a diffusers-format checkpoint directory or `random:SEED`.
     """
     import torch
-    from safetensors.torch import save_file
 
     import difflet
     from difflet.codegen.backends import get_backend
     from difflet.codegen.build import build_program_module
     from difflet.codegen.checkpoint import resolve_weights
     from difflet.codegen.split_codegen import world as split_world
-    from difflet.codegen.store import Store, link_or_copy
+    from difflet.codegen.store import Store
     from difflet.ir import binary
 
     _require_planned(module)
-    be = get_backend(backend)
+    get_backend(backend)  # an unavailable backend (neuron here) fails before any work
     the_store = Store(store)
     ckpt = resolve_weights(module, str(weights), the_store.root)
     out = Path(out)
@@ -105,22 +104,8 @@ def codegen(module: Module, weights: str | os.PathLike, out: str | os.PathLike, 
                 else f"reused {comp.name} x{split_world(comp)} ranks (key {key[:8]})")
             continue
         pm = build_program_module(comp, ckpt)
-        entry, created = the_store.get_or_create(backend, key, lambda tmp: be.compile_entry(comp, pm, tmp),
-                                                 directory=True)
-        prog_rel, weights_rel = program_paths(comp.name)
-        link_or_copy(entry / be.PROGRAM_FILE, out / prog_rel)
-        save_file(be.program_weights(pm, entry), str(out / weights_rel))
-        seconds = time.perf_counter() - start
-        result.seconds[comp.name] = seconds
-        (result.compiled if created else result.reused).append(comp.name)
-        log(f"compiling {comp.name} ... {seconds:.1f} s" if created else f"reused {comp.name} (key {key[:8]})")
-        components[comp.name] = {
-            "role": comp.attrs.get("role"), "class": comp.attrs.get("class"), "cache_key": key,
-            "program": {"path": prog_rel, "sha256": sha256_file(out / prog_rel)},
-            "weights": {"path": weights_rel, "sha256": sha256_file(out / weights_rel)},
-            "inputs": [value_json(v) for v in _values(comp, "input")],
-            "outputs": [value_json(v) for v in _values(comp, "output")],
-        }
+        entry = emit_program(comp, pm, comp.name, the_store, backend, out, result, log, start)
+        components[comp.name] = {"role": comp.attrs.get("role"), "class": comp.attrs.get("class"), **entry}
         del pm
     from difflet.codegen.probe import codegen_probe  # the step-caching probe: own program and key
 
@@ -168,11 +153,36 @@ def _codegen_split(module: Module, comp, ckpt: Path, store, backend: str, out: P
         "role": comp.attrs.get("role"), "class": comp.attrs.get("class"), "cache_key": comp.attrs["cache_key"],
         "program": ranks[0]["program"], "weights": ranks[0]["weights"],
         "world": len(entries), "degrees": degrees(comp), "ranks": ranks,
-        "inputs": [value_json(v) for v in _values(comp, "input")],
-        "outputs": [value_json(v) for v in _values(comp, "output")],
+        "inputs": [value_json(n.results[0]) for n in comp.find(Op.INPUT)],
+        "outputs": [value_json(n.results[0]) for n in comp.find(Op.OUTPUT)],
     }
     return entry, created
 
 
-def _values(comp, op: str):
-    return [n.results[0] for n in comp.body if n.op == op]
+def emit_program(node, pm, name: str, store, backend: str, out: Path, result: CodegenResult,
+                 log: Callable[[str], Any], start: float) -> dict:
+    """Compile (or reuse, by `node`'s cache key) one unsplit program and write it into ART/.
+
+    Returns its manifest fields (cache_key, program, weights, inputs, outputs); records the
+    component as compiled or reused in `result`.
+    """
+    from safetensors.torch import save_file
+
+    from difflet.codegen.backends import get_backend
+    from difflet.codegen.store import link_or_copy
+
+    be, key = get_backend(backend), node.attrs["cache_key"]
+    entry, created = store.get_or_create(backend, key, lambda tmp: be.compile_entry(node, pm, tmp),
+                                         directory=True)
+    prog_rel, weights_rel = program_paths(name)
+    link_or_copy(entry / be.PROGRAM_FILE, out / prog_rel)
+    save_file(be.program_weights(pm, entry), str(out / weights_rel))
+    seconds = time.perf_counter() - start
+    result.seconds[name] = seconds
+    (result.compiled if created else result.reused).append(name)
+    log(f"compiling {name} ... {seconds:.1f} s" if created else f"reused {name} (key {key[:8]})")
+    return {"cache_key": key,
+            "program": {"path": prog_rel, "sha256": sha256_file(out / prog_rel)},
+            "weights": {"path": weights_rel, "sha256": sha256_file(out / weights_rel)},
+            "inputs": [value_json(n.results[0]) for n in node.find(Op.INPUT)],
+            "outputs": [value_json(n.results[0]) for n in node.find(Op.OUTPUT)]}

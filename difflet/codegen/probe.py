@@ -128,11 +128,7 @@ def eager_probe(module: Module, ckpt_dir) -> ProbeProgram | None:
 def codegen_probe(module: Module, ckpt: Path, store, backend: str, out: Path, result,
                   log: Callable[[str], Any]) -> dict | None:
     """Compile (or reuse, by cache key) the probe into `out`; its manifest entry, or None."""
-    from safetensors.torch import save_file
-
-    from difflet.codegen.artifacts import program_paths, sha256_file, value_json
-    from difflet.codegen.backends import get_backend
-    from difflet.codegen.store import link_or_copy
+    from difflet.codegen.driver import emit_program
 
     node = probe_node(module)
     if node is None:
@@ -140,24 +136,10 @@ def codegen_probe(module: Module, ckpt: Path, store, backend: str, out: Path, re
     if backend != "inductor":
         raise DiffletError(f"the probe program is built for the inductor backend only, not {backend!r}",
                            where="--backend")
-    be = get_backend(backend)
-    view, key = program_view(node), node.attrs["cache_key"]
     start = time.perf_counter()
-    pm = build_probe_module(node, ckpt)
-    entry, created = store.get_or_create(backend, key, lambda tmp: be.compile_entry(view, pm, tmp),
-                                         directory=True)
-    prog_rel, weights_rel = program_paths(node.name)
-    link_or_copy(entry / be.PROGRAM_FILE, out / prog_rel)
-    save_file(be.program_weights(pm, entry), str(out / weights_rel))
-    seconds = time.perf_counter() - start
-    result.seconds[node.name] = seconds
-    (result.compiled if created else result.reused).append(node.name)
-    log(f"compiling {node.name} ... {seconds:.1f} s" if created else f"reused {node.name} (key {key[:8]})")
-    return {"role": "probe", "source": node.attrs.get("source"), "cache_key": key,
-            "program": {"path": prog_rel, "sha256": sha256_file(out / prog_rel)},
-            "weights": {"path": weights_rel, "sha256": sha256_file(out / weights_rel)},
-            "inputs": [value_json(n.results[0]) for n in view.find(Op.INPUT)],
-            "outputs": [value_json(n.results[0]) for n in view.find(Op.OUTPUT)]}
+    entry = emit_program(program_view(node), build_probe_module(node, ckpt), node.name, store, backend,
+                         out, result, log, start)
+    return {"role": "probe", "source": node.attrs.get("source"), **entry}
 
 
 def load_probe(root: Path, manifest: dict, module: Module, verify: bool = True) -> ProbeProgram | None:
