@@ -53,3 +53,20 @@ def flux_tiny_art(flux_tiny_module, flux_tiny_ckpt, tmp_path_factory):
     out = tmp_path_factory.mktemp("flux-tiny-art")
     codegen(flux_tiny_module, str(flux_tiny_ckpt), out, store=shared_store_dir(), log=lambda *_: None)
     return out
+
+
+@pytest.fixture(scope="session")
+def flux_tiny_slow_art(tmp_path_factory):
+    """flux-tiny at 128x128 (1024 visual tokens): a profile whose 1000-step request takes many
+    seconds on any CPU, for deadline tests (the 32x32 profile can finish 1000 steps in < 1 s)."""
+    from difflet.codegen.checkpoint import resolve_weights
+    from difflet.codegen.driver import codegen
+    from difflet.frontend.lower import lower_file
+    from difflet.passes.pipeline import optimize
+
+    module = optimize(lower_file(str(FLUX_TINY_DSL), {"height": "128", "width": "128"}),
+                      parallel="tp1", target="cpu", backend="inductor")
+    ckpt = resolve_weights(module, "random:0", shared_store_dir())
+    out = tmp_path_factory.mktemp("flux-tiny-slow-art")
+    codegen(module, str(ckpt), out, store=shared_store_dir(), log=lambda *_: None)
+    return out
