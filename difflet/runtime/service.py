@@ -107,11 +107,11 @@ class DiffletServicer(pb_grpc.DiffletServicer):
 
     def GenerateStream(self, request: pb.GenerateRequest, context: grpc.ServicerContext):
         job = self._admit(request, context)
-        while not job.done.is_set():  # once answered, pending progress events are dropped
+        while True:  # every event up to "end" is shown: finish() puts "end" after the last progress
             timeout = None if job.deadline is None else job.deadline - time.monotonic()
             if timeout is not None and timeout <= 0:  # events keep coming; check the clock too
-                self.dispatcher.expire(job)
-                break
+                self.dispatcher.expire(job)  # no-op if answered; either way "end" is queued
+                timeout = None
             try:
                 event = job.events.get(timeout=timeout)
             except queue.Empty:
