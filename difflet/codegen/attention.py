@@ -124,10 +124,13 @@ def install_attention(model: torch.nn.Module, node: Node) -> int:
     sites = node.find(Op.ATTENTION)
     if not sites:
         return 0
-    cls = PROCESSORS.get(node.attrs["class"])
+    from difflet.codegen.family import class_registry
+
+    processors = {**PROCESSORS, **class_registry("PROCESSORS")}
+    cls = processors.get(node.attrs["class"])
     if cls is None:
         raise DiffletError(f"no Difflet attention processor for {node.attrs['class']} "
-                           f"(supported: {', '.join(PROCESSORS)})", where=node.loc)
+                           f"(supported: {', '.join(processors)})", where=node.loc)
     modules = dict(model.named_modules())
     count = 0
     for site in sites:

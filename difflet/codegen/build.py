@@ -65,7 +65,10 @@ def build_program_module(node: Node, ckpt_dir: str | os.PathLike) -> ProgramModu
         raise DiffletError(f"component {node.name!r} takes runtime inputs {runtime_inputs} but has no "
                            "attention sites to route them to", where=node.loc)
     install_attention(model, node)
-    return ProgramModule(model, node).eval()
+    from difflet.codegen.family import class_registry
+
+    wrap = class_registry("PROGRAM_WRAPPERS").get(node.attrs["class"])
+    return (wrap(model, node) if wrap is not None else ProgramModule(model, node)).eval()
 
 
 def example_inputs(node: Node) -> tuple[torch.Tensor, ...]:

@@ -18,12 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from difflet.errors import DiffletError
+from difflet.codegen.family import family_hooks
 from difflet.ir.nodes import Attrs, Module, Node, Op, thaw
 
 # Bump when materialize_checkpoint writes something different for the same inputs (store key).
 MATERIALIZE_VERSION = 2
 
-# The host pipeline class a family's checkpoint is loaded with (model_index.json `_class_name`).
+# The host pipeline class a family's checkpoint is loaded with (model_index.json `_class_name`);
+# other families name theirs in their codegen hook module (difflet/codegen/family/).
 PIPELINE_CLASS = {"flux": "FluxPipeline"}
 
 # Caption words first, so tiny tokenizers see real prompts as real ids (not all <unk>).
@@ -67,6 +69,9 @@ def checkpoint_key(module: Module, seed: int) -> str:
     import transformers
 
     parts: list[Any] = [MATERIALIZE_VERSION, seed, torch.__version__, diffusers.__version__, transformers.__version__]
+    hooks = family_hooks(module.attrs.get("family"))
+    if hooks is not None:  # a family's hooks can change what is materialized
+        parts.append(hashlib.sha256(Path(hooks.__file__).read_bytes()).hexdigest())
     for comp in module.components():
         parts.append([comp.name, comp.attrs.get("class"), comp.attrs.get("subfolder"),
                       thaw(comp.attrs.get("config")), thaw(comp.attrs.get("tokenizer"))])
@@ -74,7 +79,7 @@ def checkpoint_key(module: Module, seed: int) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _build_random(comp: Node, seed: int):
+def _build_random(comp: Node, seed: int, family: str | None = None):
     import torch
 
     if "config" not in comp.attrs:
@@ -83,6 +88,11 @@ def _build_random(comp: Node, seed: int):
     cls = resolve_class(comp.attrs["class"], comp.loc)
     config = comp.attrs["config"].to_python()
     torch.manual_seed(seed)
+    hooks = family_hooks(family)
+    if hooks is not None and hasattr(hooks, "build_random"):
+        model = hooks.build_random(comp, config)
+        if model is not None:
+            return model
     if _library(comp.attrs["class"]) == "transformers":
         return cls(cls.config_class(**config))
     return cls.from_config(config)
@@ -141,8 +151,10 @@ def materialize_checkpoint(module: Module, seed: int, dest: str | os.PathLike) -
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     index: dict[str, Any] = {}
+    family = module.attrs.get("family")
+    hooks = family_hooks(family)
     for i, comp in enumerate(module.components()):
-        model = _build_random(comp, seed * 1000 + i)
+        model = _build_random(comp, seed * 1000 + i, family)
         sub = comp.attrs.get("subfolder", comp.name)
         model.save_pretrained(str(dest / sub), safe_serialization=True)
         cls = comp.attrs["class"]
@@ -151,9 +163,12 @@ def materialize_checkpoint(module: Module, seed: int, dest: str | os.PathLike) -
         if tok is not None:
             config = comp.attrs["config"].to_python()
             tsub = tok.get("subfolder", "tokenizer")
-            _word_level_tokenizer(config["vocab_size"], _special_ids(config),
-                                  clip_style="CLIP" in cls, max_length=tok["max_length"],
-                                  dest=dest / tsub)
+            custom = hooks is not None and hasattr(hooks, "write_tokenizer") and \
+                hooks.write_tokenizer(comp, config, tok, dest / tsub)
+            if not custom:
+                _word_level_tokenizer(config["vocab_size"], _special_ids(config),
+                                      clip_style="CLIP" in cls, max_length=tok["max_length"],
+                                      dest=dest / tsub)
             tcls = tok.get("class", "transformers.PreTrainedTokenizerFast")
             index[tsub] = [_library(tcls), tcls.rpartition(".")[2]]
     sched = _scheduler_attrs(module)
@@ -161,12 +176,13 @@ def materialize_checkpoint(module: Module, seed: int, dest: str | os.PathLike) -
         cls = resolve_class(sched["class"])
         cls.from_config(sched["config"].to_python()).save_pretrained(str(dest / "scheduler"))
         index["scheduler"] = [_library(sched["class"]), sched["class"].rpartition(".")[2]]
-    pipeline = module.attrs.get("pipeline") or PIPELINE_CLASS.get(module.attrs.get("family"))
+    pipeline = module.attrs.get("pipeline") or PIPELINE_CLASS.get(family) or getattr(hooks, "PIPELINE_CLASS", None)
     import diffusers
 
     head = {"_class_name": pipeline or "DiffusionPipeline", "_diffusers_version": diffusers.__version__}
     if pipeline == "FluxPipeline":
         index.update(image_encoder=[None, None], feature_extractor=[None, None])
+    index.update(getattr(hooks, "INDEX_EXTRAS", {}))
     (dest / "model_index.json").write_text(json.dumps({**head, **dict(sorted(index.items()))}, indent=2))
     return dest
 

@@ -17,7 +17,6 @@ Invariants:
 """
 from __future__ import annotations
 
-import io
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -26,6 +25,7 @@ from typing import Any, Callable, Mapping
 
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Module
+from difflet.runtime.media import encode_output
 from difflet.runtime.schedule import GenerateParams, HostEnv, check_schedule, run_schedule
 from difflet.runtime.validate import resolve_request
 from difflet.stepcache.plan import OFF, CachePlan, PlanResolver, StepHooks
@@ -36,10 +36,18 @@ WARM_UP_PROMPT = "a warm-up image of a lighthouse at dusk"
 @dataclass(frozen=True)
 class GenerateResult:
     params: GenerateParams
-    image: Any  # uint8 numpy array [H, W, 3]
-    png: bytes
+    image: Any  # uint8 numpy array [H, W, 3], or None for a video
+    png: bytes  # the PNG of `image`; b"" for a video
     timings: dict[str, float]  # encode/denoise/decode/total, milliseconds
     stats: dict = field(default_factory=dict)  # denoiser_calls, cached_steps, schedule, mode, ...
+    video: Any = None  # uint8 numpy array [F, H, W, 3], or None for an image
+    mp4: bytes = b""  # the MP4 of `video` (with the audio track, if any)
+    fps: float = 0.0
+
+    @property
+    def media(self) -> tuple[bytes, str]:
+        """(bytes, "png" | "mp4") of the output."""
+        return (self.png, "png") if self.video is None else (self.mp4, "mp4")
 
 
 @dataclass(frozen=True)
@@ -58,15 +66,6 @@ def tie_keys(module: Module, manifest: Mapping[str, Any]) -> dict:
             "denoiser_cache_key": den[0].attrs.get("cache_key") if den else None,
             "denoiser_weights_sha256": comps.get(den[0].name, {}).get("weights", {}).get("sha256")
             if den else None}
-
-
-def encode_png(image) -> bytes:
-    """Deterministic PNG bytes of a uint8 [H, W, 3] array (no timestamps, fixed compression)."""
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.fromarray(image, mode="RGB").save(buf, format="PNG", compress_level=6)
-    return buf.getvalue()
 
 
 class ModelRunner:
@@ -120,10 +119,11 @@ class ModelRunner:
         with self._lock:
             start = time.perf_counter()
             state = run_schedule(self.env, params, hooks)
-            png = encode_png(state.image)
+            data, kind = encode_output(state.image, state.video, state.fps, state.audio, state.sample_rate)
             timings = dict(state.timings, total=(time.perf_counter() - start) * 1000.0)
         stats = dict(state.values.get("cache_stats", {}))
-        return state, GenerateResult(params, state.image, png, timings, stats)
+        png, mp4 = (data, b"") if kind == "png" else (b"", data)
+        return state, GenerateResult(params, state.image, png, timings, stats, state.video, mp4, state.fps)
 
     def close(self) -> None:
         """Stop what the programs hold outside this process (split programs' rank workers)."""
@@ -148,10 +148,12 @@ class ModelRunner:
         problems = []
         if decoded is not None and not bool(torch.isfinite(decoded).all()):
             problems.append("decoder output is not finite")
-        if result.image.shape != (h, w, 3):
-            problems.append(f"image shape {result.image.shape} != {(h, w, 3)}")
-        elif int(result.image.max()) == int(result.image.min()):
-            problems.append(f"image is constant ({int(result.image.min())})")
+        out, want = (result.image, (h, w, 3)) if result.video is None else \
+            (result.video, (int(self.env.profile["frames"]), h, w, 3))
+        if out.shape != want:
+            problems.append(f"output shape {out.shape} != {want}")
+        elif int(out.max()) == int(out.min()):
+            problems.append(f"output is constant ({int(out.min())})")
         if problems:
             raise RuntimeError("warm-up generation failed its checks: " + "; ".join(problems))
         return result

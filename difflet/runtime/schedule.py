@@ -30,15 +30,25 @@ class GenerateParams:
     height: int
     width: int
     request_id: str = ""
+    negative_prompt: str | None = None  # true-CFG families: None = the family's default ("" or " ")
 
 
 @dataclass
 class RequestState:
-    """Everything one request creates: intermediate tensors by name, the image, timings (ms)."""
+    """Everything one request creates: intermediate tensors by name, the output, timings (ms).
+
+    A decode step sets exactly one of `image` (uint8 [H, W, 3]) or `video` (uint8 [F, H, W, 3]
+    with `fps`); a model with sound also sets `audio` (float32 [channels, samples] in [-1, 1])
+    and `sample_rate`.
+    """
 
     params: GenerateParams
     values: dict[str, Any] = field(default_factory=dict)
-    image: Any = None  # uint8 numpy array [H, W, 3] once the decode step ran
+    image: Any = None  # uint8 numpy array [H, W, 3] once an image decode step ran
+    video: Any = None  # uint8 numpy array [F, H, W, 3] once a video decode step ran
+    fps: float = 0.0
+    audio: Any = None  # float32 numpy array [channels, samples], or None
+    sample_rate: int = 0
     timings: dict[str, float] = field(default_factory=lambda: {p: 0.0 for p in PHASES})
 
 
@@ -109,6 +119,7 @@ def run_schedule(env: HostEnv, params: GenerateParams, hooks: Any = None) -> Req
         start = time.perf_counter()
         host.fn(env, step, state)
         state.timings[host.phase] += (time.perf_counter() - start) * 1000.0
-    if state.image is None:
-        raise DiffletError("the schedule finished without producing an image", where="schedule")
+    if (state.image is None) == (state.video is None):
+        raise DiffletError("the schedule must produce exactly one of an image or a video",
+                           where="schedule")
     return state

@@ -35,7 +35,8 @@ def _size(field: str, value: int | None, profile: Mapping[str, Any]) -> int:
 
 def resolve_request(profile: Mapping[str, Any], *, prompt: str, seed: int, steps: int | None = None,
                     guidance: float | None = None, height: int | None = None,
-                    width: int | None = None, request_id: str = "") -> GenerateParams:
+                    width: int | None = None, request_id: str = "",
+                    negative_prompt: str | None = None) -> GenerateParams:
     """Check one request against `profile` and fill defaults; raises DiffletError naming the field."""
     if not isinstance(prompt, str) or not prompt.strip():
         raise _fail("prompt", "must be a non-empty string")
@@ -47,8 +48,10 @@ def resolve_request(profile: Mapping[str, Any], *, prompt: str, seed: int, steps
     guidance = float(profile["guidance"]) if guidance is None else float(guidance)
     if not math.isfinite(guidance) or guidance < 0:
         raise _fail("guidance", f"{guidance} must be finite and >= 0")
+    if negative_prompt is not None and not isinstance(negative_prompt, str):
+        raise _fail("negative_prompt", "must be a string")
     return GenerateParams(
-        prompt=prompt, seed=int(seed), steps=steps, guidance=guidance,
+        negative_prompt=negative_prompt, prompt=prompt, seed=int(seed), steps=steps, guidance=guidance,
         height=_size("height", height, profile), width=_size("width", width, profile),
         request_id=request_id or uuid.uuid4().hex[:16],
     )

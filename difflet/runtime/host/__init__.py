@@ -24,8 +24,9 @@ class HostStep:
 
 _REGISTRY: dict[str, HostStep] = {}
 
-# family name -> module that registers its steps on import (more families join here)
-FAMILY_MODULES = {"flux": "difflet.runtime.host.flux"}
+# family name -> module that registers its steps on import
+FAMILY_MODULES = {family: f"difflet.runtime.host.{family}"
+                  for family in ("flux", "qwen_image", "wan", "hunyuan_video", "ltx2")}
 
 
 def host_step(name: str, phase: str) -> Callable[[Callable], Callable]:
@@ -50,7 +51,13 @@ def load_family(family: str) -> None:
     if module is None:
         raise DiffletError(f"no host steps for model family {family!r} "
                            f"(known: {', '.join(sorted(FAMILY_MODULES))})", where="family")
-    importlib.import_module(module)
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        if err.name != module:
+            raise
+        raise DiffletError(f"model family {family!r} has no host steps yet ({module} is missing)",
+                           where="family") from None
 
 
 def get_step(name: str) -> HostStep:
