@@ -21,6 +21,7 @@ import torch
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
 from difflet.runtime.host import host_step
+from difflet.runtime.host.loop import cached_loop
 from difflet.runtime.schedule import HostEnv, RequestState
 
 
@@ -99,7 +100,7 @@ def _tokenizer(env: HostEnv, component: Node):
 
         path = env.host_dir / spec["subfolder"]
         if not path.is_dir():
-            raise DiffletError(f"tokenizer directory missing from the artifacts", where=str(path))
+            raise DiffletError("tokenizer directory missing from the artifacts", where=str(path))
         return AutoTokenizer.from_pretrained(str(path))
 
     return env.asset(f"tokenizer:{component.name}", load), int(spec["max_length"])
@@ -214,55 +215,10 @@ def denoise(env: HostEnv, step: Node, state: RequestState) -> None:
     scheduler = make_scheduler(step)
     latents = state.values["latents"]
     timesteps = timesteps_for(scheduler, state.params.steps, latents.shape[1])
-    state.values["latents"] = cached_loop(env, transformer, state, scheduler, timesteps, latents)
-
-
-def cached_loop(env: HostEnv, transformer: str, state: RequestState, scheduler, timesteps,
-                latents: torch.Tensor) -> torch.Tensor:
-    """The Euler loop with step caching decided on the host (difflet.stepcache.controller).
-
-    A full step calls the transformer, a cached step takes the estimator's output; both go
-    through the same `scheduler.step`. The probe (calibrated mode) runs before every step's
-    decision. Hooks: stop check before each step, progress after it. Stats land in
-    `state.values["cache_stats"]`.
-    """
-    import time
-
-    from difflet.stepcache.plan import OFF, StepHooks
-
-    plan = getattr(state.params, "cache", None) or OFF
-    hooks = state.values.get("step_hooks") or StepHooks()
-    total = len(timesteps)
-    cache = plan.controller(total)  # fresh per request
-    probe = env.asset("stepcache:probe", lambda: None) if cache.needs_probe or plan.record else None
-    if (cache.needs_probe or plan.record) and probe is None:
-        raise DiffletError("calibrated step caching needs the probe program, and none is loaded",
-                           where="cache")
-    ms = {"full_step_ms": 0.0, "cached_step_ms": 0.0, "probe_ms": 0.0}
-    scores: list[float | None] = []
-    for i, t in enumerate(timesteps):
-        hooks.before_step()
-        score = None
-        if probe is not None:
-            start = time.perf_counter()
-            score = probe(denoiser_inputs(state, latents, t))
-            if i == 0:
-                score = None  # it compares with an earlier request's last feature: never read
-            scores.append(score)
-            ms["probe_ms"] += (time.perf_counter() - start) * 1000.0
-        start = time.perf_counter()  # step cost without the probe: decision + output + update
-        cached = cache.decide(i, score)
-        if cached:
-            noise_pred = cache.cached()
-        else:
-            noise_pred = predict_noise(env, transformer, state, latents, t)
-            cache.full(noise_pred)
-        latents = scheduler.step(noise_pred, t, latents, return_dict=False)[0]
-        ms["cached_step_ms" if cached else "full_step_ms"] += (time.perf_counter() - start) * 1000.0
-        hooks.after_step(i, total, cached)
-    state.values["cache_stats"] = dict(cache.stats(), probe_calls=len(scores), scores=scores,
-                                       changes=list(cache.changes), **ms)
-    return latents
+    state.values["latents"] = cached_loop(
+        env, state, scheduler, timesteps, latents,
+        predict=lambda x, t: predict_noise(env, transformer, state, x, t),
+        probe_inputs=lambda x, t: denoiser_inputs(state, x, t))
 
 
 @host_step("flux.decode", phase="decode")

@@ -1,0 +1,64 @@
+"""The host sampling loop every family shares: step caching, progress and cancellation hooks.
+
+Invariants:
+- Caching state (the controller) is fresh per request, built from the request's CachePlan.
+- hooks.before_step() runs before every step (cancellation), hooks.after_step() after it (progress).
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+from difflet.errors import DiffletError
+from difflet.runtime.schedule import HostEnv, RequestState
+from difflet.stepcache.plan import OFF, StepHooks
+
+
+def cached_loop(env: HostEnv, state: RequestState, scheduler, timesteps, latents: torch.Tensor,
+                predict: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                probe_inputs: Callable[[torch.Tensor, torch.Tensor], dict] | None = None) -> torch.Tensor:
+    """The sampling loop with step caching decided on the host (difflet.stepcache.controller).
+
+    `predict(latents, t)` is one step's model output (all of a true-CFG step's denoiser calls and
+    its combine); a full step calls it, a cached step takes the estimator's output; both go
+    through the same `scheduler.step`. The probe (calibrated mode) runs on `probe_inputs(latents,
+    t)` before every step's decision; a family without a probe passes None and calibrated mode is
+    refused. Hooks: stop check before each step, progress after it. Stats land in
+    `state.values["cache_stats"]`.
+    """
+
+    plan = getattr(state.params, "cache", None) or OFF
+    hooks = state.values.get("step_hooks") or StepHooks()
+    total = len(timesteps)
+    cache = plan.controller(total)  # fresh per request
+    probe = env.asset("stepcache:probe", lambda: None) if cache.needs_probe or plan.record else None
+    if (cache.needs_probe or plan.record) and (probe is None or probe_inputs is None):
+        raise DiffletError("calibrated step caching needs the probe program, and none is loaded",
+                           where="cache")
+    ms = {"full_step_ms": 0.0, "cached_step_ms": 0.0, "probe_ms": 0.0}
+    scores: list[float | None] = []
+    for i, t in enumerate(timesteps):
+        hooks.before_step()
+        score = None
+        if probe is not None:
+            start = time.perf_counter()
+            score = probe(probe_inputs(latents, t))
+            if i == 0:
+                score = None  # it compares with an earlier request's last feature: never read
+            scores.append(score)
+            ms["probe_ms"] += (time.perf_counter() - start) * 1000.0
+        start = time.perf_counter()  # step cost without the probe: decision + output + update
+        cached = cache.decide(i, score)
+        if cached:
+            noise_pred = cache.cached()
+        else:
+            noise_pred = predict(latents, t)
+            cache.full(noise_pred)
+        latents = scheduler.step(noise_pred, t, latents, return_dict=False)[0]
+        ms["cached_step_ms" if cached else "full_step_ms"] += (time.perf_counter() - start) * 1000.0
+        hooks.after_step(i, total, cached)
+    state.values["cache_stats"] = dict(cache.stats(), probe_calls=len(scores), scores=scores,
+                                       changes=list(cache.changes), **ms)
+    return latents
