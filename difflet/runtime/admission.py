@@ -106,10 +106,11 @@ class Admission:
             return len(self._tokenizer.encode(prompt).ids)
 
     def check(self, *, prompt: str, seed: int, steps: int | None, guidance: float | None,
-              height: int, width: int, request_id: str, cache: str) -> dict[str, Any]:
+              height: int, width: int, request_id: str, cache: str,
+              negative_prompt: str | None = None) -> dict[str, Any]:
         params = resolve_request(self.profile, prompt=prompt, seed=seed, steps=steps,
                                  guidance=guidance, height=height, width=width,
-                                 request_id=check_request_id(request_id))
+                                 request_id=check_request_id(request_id), negative_prompt=negative_prompt)
         if self._tokenizer_dir is not None:
             n = self.prompt_tokens(prompt)
             if n > self.token_limit:
@@ -118,6 +119,9 @@ class Admission:
         cache = check_cache_mode(cache) if cache.strip() else ""
         if cache and cache != "off" and not self.cache_available:
             raise _fail("cache", f"{cache!r}: this server's runner has no step caching")
-        return {"prompt": params.prompt, "seed": params.seed, "steps": params.steps,
-                "guidance": params.guidance, "height": params.height, "width": params.width,
-                "request_id": params.request_id, "cache": cache or None}
+        fields = {"prompt": params.prompt, "seed": params.seed, "steps": params.steps,
+                  "guidance": params.guidance, "height": params.height, "width": params.width,
+                  "request_id": params.request_id, "cache": cache or None}
+        if negative_prompt is not None:  # only when set: the runner's family picks the default
+            fields["negative_prompt"] = negative_prompt
+        return fields

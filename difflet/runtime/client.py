@@ -15,7 +15,7 @@ from difflet.runtime import difflet_pb2 as pb
 from difflet.runtime import difflet_pb2_grpc as pb_grpc
 from difflet.runtime.service import SERVICE_NAME
 
-MAX_MESSAGE = 256 * 1024 * 1024  # replies carry PNG bytes; real profiles exceed gRPC's 4 MiB default
+MAX_MESSAGE = 256 * 1024 * 1024  # replies carry PNG/MP4 bytes; real profiles exceed gRPC's 4 MiB default
 
 
 def channel(server: str) -> grpc.Channel:
@@ -24,9 +24,12 @@ def channel(server: str) -> grpc.Channel:
 
 def make_request(prompt: str, seed: int = 0, *, steps: int | None = None,
                  guidance: float | None = None, height: int = 0, width: int = 0,
-                 request_id: str = "", cache: str = "") -> pb.GenerateRequest:
+                 request_id: str = "", cache: str = "",
+                 negative_prompt: str | None = None) -> pb.GenerateRequest:
     request = pb.GenerateRequest(prompt=prompt, seed=seed, height=height, width=width,
                                  request_id=request_id, cache=cache)
+    if negative_prompt is not None:
+        request.negative_prompt = negative_prompt
     if steps is not None:
         request.steps = steps
     if guidance is not None:

@@ -12,12 +12,17 @@ from pathlib import Path
 
 import click
 
+from difflet.runtime.demo import MODELS as DEMO_MODELS  # stdlib-only module: no torch at CLI start
+
 
 @click.command()
 @click.argument("prompt")
 @click.option("--server", required=True, help="HOST:PORT of a difflet-runtime")
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="PNG to write")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="file to write: a PNG (image models) or an MP4 (video models)")
+@click.option("--negative-prompt", default=None,
+              help="true-CFG models: the negative prompt (default: the model family's)")
 @click.option("--steps", type=int, default=None, help="denoising steps (default: the profile's)")
 @click.option("--guidance", type=float, default=None, help="guidance scale (default: the profile's)")
 @click.option("--height", type=int, default=0, help="must equal the serving profile (0 = it)")
@@ -27,9 +32,9 @@ import click
 @click.option("--cache", default="", help="step-cache override (default: the server's mode)")
 @click.option("--progress/--no-progress", default=None,
               help="draw a progress bar on stderr (default: when stderr is a terminal)")
-def generate(prompt: str, server: str, seed: int, output: str, steps, guidance, height: int,
-             width: int, timeout: float, cache: str, progress: bool | None) -> None:
-    """Generate one image on a running difflet-runtime and write it as PNG."""
+def generate(prompt: str, server: str, seed: int, output: str, negative_prompt: str | None, steps,
+             guidance, height: int, width: int, timeout: float, cache: str, progress: bool | None) -> None:
+    """Generate one image (PNG) or video (MP4) on a running difflet-runtime and write it."""
     import grpc
 
     from difflet.runtime import client
@@ -39,7 +44,7 @@ def generate(prompt: str, server: str, seed: int, output: str, steps, guidance, 
     try:
         for event in client.generate_stream(server, prompt, seed, steps=steps, guidance=guidance,
                                             height=height, width=width, cache=cache,
-                                            timeout=timeout):
+                                            negative_prompt=negative_prompt, timeout=timeout):
             if event.HasField("progress"):
                 bar.update(event.progress.step, event.progress.total, event.progress.cached)
             elif event.HasField("result"):
@@ -53,15 +58,19 @@ def generate(prompt: str, server: str, seed: int, output: str, steps, guidance, 
     if reply is None:
         click.echo(f"error: {server}: the stream ended without a result", err=True)
         sys.exit(1)
+    data, kind = (reply.mp4, "mp4") if reply.mp4 else (reply.png, "png")
     try:
-        Path(output).write_bytes(reply.png)
+        Path(output).write_bytes(data)
     except OSError as err:
         from difflet.errors import DiffletError
 
-        raise DiffletError(f"cannot write the image: {err.strerror}", where=output) from None
+        raise DiffletError(f"cannot write the {kind.upper()}: {err.strerror}", where=output) from None
+    if Path(output).suffix.lower() != f".{kind}":  # written all the same: a result is never lost
+        click.echo(f"note: the server returned {kind.upper()} data; {output} holds it", err=True)
     t = reply.timings
     cached = f", {reply.cached_steps} cached" if reply.cached_steps else ""
-    click.echo(f"wrote {output} ({reply.width}x{reply.height}, seed {reply.seed}, {reply.steps} "
+    size = f"{reply.width}x{reply.height}" + (f"x{reply.frames} frames at {reply.fps:g} fps" if reply.frames else "")
+    click.echo(f"wrote {output} ({size}, seed {reply.seed}, {reply.steps} "
                f"steps{cached}; encode {t.encode_ms:.0f} ms, denoise {t.denoise_ms:.0f} ms, "
                f"decode {t.decode_ms:.0f} ms)")
 
@@ -90,25 +99,27 @@ class ProgressBar:
 
 
 @click.command()
-@click.option("-o", "--output", default="demo.png", show_default=True, type=click.Path(dir_okay=False))
+@click.option("-o", "--output", default=None, type=click.Path(dir_okay=False),
+              help="file to write [default: demo.png, or demo.mp4 for a video model]")
 @click.argument("prompt_arg", metavar="[PROMPT]", required=False)
 @click.option("--prompt", default=None,
               help='same as PROMPT (default: "a yellow triangle on a black background")')
-@click.option("--model", type=click.Choice(["flux-shapes", "flux-tiny"]), default="flux-shapes",
-              show_default=True,
-              help="flux-shapes: the shipped trained weights; flux-tiny: random:0 weights")
+@click.option("--model", type=click.Choice(list(DEMO_MODELS)),
+              default="flux-shapes", show_default=True,
+              help="flux-shapes: the shipped trained weights; *-tiny: each family at toy size, "
+                   "random:0 weights")
 @click.option("--seed", default=42, show_default=True, type=int)
 @click.option("--store", default=None, type=click.Path(file_okay=False),
               help="program store (default: $DIFFLET_STORE or the user cache)")
 def demo(output: str, prompt_arg: str | None, prompt: str | None, model: str, seed: int,
          store: str | None) -> None:
     """Lower, optimize, compile and serve a bundled model (default: the trained flux-shapes);
-    generate one image."""
+    generate one image (PNG) or video (MP4)."""
     from difflet.runtime.demo import DEFAULT_PROMPT, run_demo
 
     if prompt_arg and prompt and prompt_arg != prompt:
         raise click.UsageError("give the prompt once (PROMPT or --prompt)")
-    run_demo(Path(output), prompt_arg or prompt or DEFAULT_PROMPT, Path(store) if store else None,
+    run_demo(Path(output) if output else None, prompt_arg or prompt or DEFAULT_PROMPT, Path(store) if store else None,
              seed=seed, log=click.echo, model=model)
 
 

@@ -1,11 +1,13 @@
 """`difflet demo`: the whole toolchain on a bundled model, CPU, one command.
 
 Models (`MODELS`): flux-shapes (default; the trained pipeline shipped in difflet/assets/flux-shapes,
-so the image follows the prompt) and flux-tiny (random:0 weights, noise-like images).
+so the image follows the prompt), and flux-tiny, qwen-image-tiny, wan2.1-tiny, hunyuan-video-tiny,
+ltx2-tiny (each family's real pipeline at toy size with random:0 weights: noise-like output; the
+video models write MP4).
 Stages (each timed): lower -> opt (tp1, cpu, inductor) -> codegen (the model's weights, programs
 from the content-addressed store) -> start `difflet-runtime --port 0` and wait until it prints
 "listening on HOST:PORT" (it does so only once SERVING) -> one Generate over gRPC -> write the
-PNG -> SIGTERM the server and wait for its exit.
+PNG (or MP4) -> SIGTERM the server and wait for its exit.
 
 Invariant: a second run with the same store compiles nothing (codegen reports compiled 0).
 """
@@ -31,6 +33,9 @@ SHAPES_WEIGHTS = REPO / "difflet" / "assets" / "flux-shapes"
 MODELS = {
     "flux-shapes": (REPO / "models" / "flux-shapes.dsl", str(SHAPES_WEIGHTS)),
     "flux-tiny": (DEMO_DSL, "random:0"),
+    # the other four families at toy size with random:0 weights (noise-like output, real pipelines)
+    **{name: (REPO / "models" / f"{name}.dsl", "random:0")
+       for name in ("qwen-image-tiny", "wan2.1-tiny", "hunyuan-video-tiny", "ltx2-tiny")},
 }
 DEFAULT_MODEL = "flux-shapes"
 DEFAULT_PROMPT = "a yellow triangle on a black background"
@@ -149,7 +154,7 @@ def compile_model(model: str, art: Path, store: Path, report: DemoReport | None 
     return result
 
 
-def run_demo(output: Path, prompt: str, store: Path | None, seed: int = 42,
+def run_demo(output: Path | None, prompt: str, store: Path | None, seed: int = 42,
              log: Callable[[str], None] = print, model: str = DEFAULT_MODEL) -> DemoReport:
     from difflet.codegen.store import default_store_dir
     from difflet.runtime import client
@@ -173,8 +178,11 @@ def run_demo(output: Path, prompt: str, store: Path | None, seed: int = 42,
                       f"decode {tm.decode_ms:.0f} ms")
     finally:
         stop_server(proc)
+    if output is None:
+        output = Path("demo.mp4" if reply.mp4 else "demo.png")
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_bytes(reply.png)
+    output.write_bytes(reply.mp4 or reply.png)
     log(report.table())
-    log(f"wrote {output} ({reply.width}x{reply.height}, seed {reply.seed}, {reply.steps} steps)")
+    frames = f"x{reply.frames} frames at {reply.fps:g} fps" if reply.frames else ""
+    log(f"wrote {output} ({reply.width}x{reply.height}{frames}, seed {reply.seed}, {reply.steps} steps)")
     return report

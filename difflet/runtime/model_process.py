@@ -128,7 +128,9 @@ def _run(conn, runner, seq: int, fields: dict[str, Any], should_stop: Callable, 
     stats = dict(getattr(result, "stats", None) or fallback_stats or {})
     p = result.params
     conn.send(("done", seq, {
-        "png": result.png, "seed": p.seed, "steps": p.steps, "guidance": p.guidance,
+        "png": result.png, "mp4": getattr(result, "mp4", b""), "fps": float(getattr(result, "fps", 0.0)),
+        "frames": 0 if getattr(result, "video", None) is None else int(result.video.shape[0]),
+        "seed": p.seed, "steps": p.steps, "guidance": p.guidance,
         "height": p.height, "width": p.width, "request_id": p.request_id,
         "timings": dict(result.timings), "cache": fields.get("cache") or default_cache,
         "denoiser_calls": int(stats.get("denoiser_calls", p.steps)),

@@ -52,7 +52,8 @@ class DiffletServicer(pb_grpc.DiffletServicer):
                 steps=request.steps if request.HasField("steps") else None,
                 guidance=request.guidance if request.HasField("guidance") else None,
                 height=request.height, width=request.width, request_id=request.request_id,
-                cache=request.cache)
+                cache=request.cache,
+                negative_prompt=request.negative_prompt if request.HasField("negative_prompt") else None)
         except DiffletError as err:
             self.metrics.rejected("invalid_argument")
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, err.message)
@@ -91,7 +92,8 @@ class DiffletServicer(pb_grpc.DiffletServicer):
             context.abort(_CODES[job.code], job.message)
         r, t = job.result, job.result["timings"]
         return pb.GenerateReply(
-            png=r["png"], seed=r["seed"], steps=r["steps"], guidance=r["guidance"],
+            png=r["png"], mp4=r.get("mp4", b""), frames=r.get("frames", 0), fps=r.get("fps", 0.0),
+            seed=r["seed"], steps=r["steps"], guidance=r["guidance"],
             height=r["height"], width=r["width"], request_id=r["request_id"],
             cached_steps=r["cached_steps"], denoiser_calls=r["denoiser_calls"], cache=r["cache"],
             model_pid=job.pid, replica=job.replica,
