@@ -188,6 +188,9 @@ def materialize_checkpoint(module: Module, seed: int, dest: str | os.PathLike) -
 
 
 def _same(a: Any, b: Any) -> bool:
+    if isinstance(b, dict):  # a nested config (text_config: {...}): the keys the IR states must agree
+        a = a.to_dict() if hasattr(a, "to_dict") else a
+        return isinstance(a, dict) and all(k in a and _same(a[k], v) for k, v in b.items())
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
     if isinstance(a, float) or isinstance(b, float):
