@@ -245,7 +245,8 @@ def _check_config(node: Node, stated: Attrs, lookup, path: Path) -> None:
 
 def resolve_weights(module: Module, spec: str, store_root: str | os.PathLike | None = None) -> Path:
     """`--weights` -> a checkpoint directory: `random:SEED` is materialized once under the store
-    (keyed by the module's configs + seed); anything else must be an existing directory."""
+    (keyed by the module's configs + seed); `hf:ORG/NAME` is the local Hugging Face cache's
+    snapshot (offline); anything else must be an existing directory."""
     from difflet.codegen.store import Store
 
     if spec.startswith("random:"):
@@ -259,6 +260,10 @@ def resolve_weights(module: Module, spec: str, store_root: str | os.PathLike | N
                                       lambda tmp: materialize_checkpoint(module, seed, tmp),
                                       directory=True)
         return path
+    if spec.startswith("hf:"):
+        from difflet.codegen.hub import hub_snapshot
+
+        return hub_snapshot(spec)
     path = Path(spec)
     if not (path / "model_index.json").is_file() and not path.is_dir():
         raise DiffletError("weights directory does not exist (expected a diffusers-format "

@@ -1,4 +1,4 @@
-"""`difflet codegen IN.ir --backend inductor|neuron --weights DIR|random:SEED -o ART [--store DIR]`.
+"""`difflet codegen IN.ir --backend inductor|neuron --weights DIR|hf:ORG/NAME|random:SEED -o ART [--store DIR]`.
 
 Invariant: torch is imported only inside the command body; every failure is a DiffletError
 (the CLI prints `error: ...` and exits 2).
@@ -12,8 +12,9 @@ import click
 @click.argument("ir", type=click.Path(dir_okay=False))
 @click.option("--backend", type=click.Choice(["inductor", "neuron"]), default="inductor", show_default=True,
               help="inductor: torch.export + AOTInductor (CPU/CUDA); neuron: Trainium2 (needs the Neuron SDK).")
-@click.option("--weights", required=True, metavar="DIR|random:SEED",
-              help="A diffusers-format checkpoint directory, or random:SEED for seeded random weights.")
+@click.option("--weights", required=True, metavar="DIR|hf:ORG/NAME|random:SEED",
+              help="A diffusers-format checkpoint directory, hf:ORG/NAME[@REV] from the local "
+                   "Hugging Face cache (offline), or random:SEED for seeded random weights.")
 @click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Artifact directory.")
 @click.option("--store", type=click.Path(file_okay=False), default=None,
               help="Program store (default $DIFFLET_STORE, $XDG_CACHE_HOME/difflet/store, ~/.cache/difflet/store).")
