@@ -1,0 +1,141 @@
+"""HunyuanVideo codegen hooks: pipeline class, bounded attention, and the two program wrappers.
+
+Invariants:
+- The denoiser program takes `valid_text` (0-d int64) instead of a host mask: the wrapper builds
+  `encoder_attention_mask = arange(T) < valid_text` inside the program and calls the stock
+  forward, so the token refiner, its masked mean pooling and the blocks' key mask are diffusers'.
+- The dual- and single-stream attention sites compute q/k/v exactly as diffusers'
+  HunyuanVideoAttnProcessor2_0 and differ only in the attention call: the joint bounded op over
+  [visual, text] keys with bounds [0, V + valid_text), where valid_text is read back from the key
+  mask the model built (from valid_text) — softmax over the same keys as diffusers' masked SDPA.
+- The Llama program returns hidden_states[-(SKIP + 1)] (the pipeline's num_hidden_layers_to_skip
+  = 2) of an unmasked causal run over right-padded ids: causal attention and positions
+  0..L-1 make every valid row independent of the padding after it.
+"""
+from __future__ import annotations
+
+import torch
+
+from difflet.codegen.attention import joint_bounded_attention
+from difflet.errors import DiffletError
+from difflet.ir.nodes import Node, Op, RuntimeType
+
+PIPELINE_CLASS = "HunyuanVideoPipeline"
+INDEX_EXTRAS: dict = {}  # HunyuanVideoPipeline has no optional components
+
+SKIP_LAYERS = 2  # HunyuanVideoPipeline._get_llama_prompt_embeds(num_hidden_layers_to_skip=2)
+DENOISER = "diffusers.HunyuanVideoTransformer3DModel"
+
+
+class HunyuanVideoBoundedAttnProcessor:
+    """Drop-in for HunyuanVideoAttnProcessor2_0 (visual-first joint sequence) on the bounded op."""
+
+    def __init__(self, text_len: int, text_first: bool = False) -> None:
+        if text_first:
+            raise DiffletError("HunyuanVideo's joint sequence is (visual, text)", where="order")
+        self.text_len = text_len
+
+    def __call__(self, attn, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor = None,
+                 attention_mask: torch.Tensor | None = None,
+                 image_rotary_emb=None) -> torch.Tensor:
+        from diffusers.models.embeddings import apply_rotary_emb
+
+        single = attn.add_q_proj is None and encoder_hidden_states is not None
+        if single:  # single-stream: one projection over the concatenated [visual, text]
+            hidden_states = torch.cat([hidden_states, encoder_hidden_states], dim=1)
+        query, key, value = (proj(hidden_states).unflatten(2, (attn.heads, -1))
+                             for proj in (attn.to_q, attn.to_k, attn.to_v))
+        if attn.norm_q is not None:
+            query = attn.norm_q(query)
+        if attn.norm_k is not None:
+            key = attn.norm_k(key)
+        if image_rotary_emb is not None:
+            n_text = encoder_hidden_states.shape[1] if single else 0
+            n_vis = query.shape[1] - n_text
+            query = torch.cat([apply_rotary_emb(query[:, :n_vis], image_rotary_emb, sequence_dim=1),
+                               query[:, n_vis:]], dim=1)
+            key = torch.cat([apply_rotary_emb(key[:, :n_vis], image_rotary_emb, sequence_dim=1),
+                             key[:, n_vis:]], dim=1)
+        if attn.add_q_proj is not None and encoder_hidden_states is not None:
+            enc = [proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
+                   for proj in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj)]
+            if attn.norm_added_q is not None:
+                enc[0] = attn.norm_added_q(enc[0])
+            if attn.norm_added_k is not None:
+                enc[1] = attn.norm_added_k(enc[1])
+            query, key, value = (torch.cat([x, e], dim=1) for x, e in zip((query, key, value), enc))
+
+        text_len = encoder_hidden_states.shape[1] if encoder_hidden_states is not None else 0
+        valid_text = None
+        if attention_mask is not None:  # [1, 1, 1, V + T] keys, True on [0, V + valid_text)
+            valid_text = attention_mask.reshape(-1).to(torch.int64).sum() - (key.shape[1] - text_len)
+        out = joint_bounded_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                                      text_len, valid_text, text_first=False)
+        hidden_states = out.transpose(1, 2).flatten(2, 3).to(query.dtype)
+        if encoder_hidden_states is None:
+            return hidden_states
+        n_vis = hidden_states.shape[1] - text_len
+        hidden_states, encoder_hidden_states = hidden_states[:, :n_vis], hidden_states[:, n_vis:]
+        if getattr(attn, "to_out", None) is not None:
+            hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
+        if getattr(attn, "to_add_out", None) is not None:
+            encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
+        return hidden_states, encoder_hidden_states
+
+
+class HunyuanVideoProgram(torch.nn.Module):
+    """IR inputs in (batch 1; valid_text a 0-d int64), the transformer's `sample` out."""
+
+    def __init__(self, model: torch.nn.Module, node: Node) -> None:
+        super().__init__()
+        inputs = node.find(Op.INPUT)
+        self.model = model
+        self.names = [n.name for n in inputs]
+        runtime = [n.name for n in inputs if isinstance(n.results[0].type, RuntimeType)]
+        if "encoder_attention_mask" in self.names:
+            raise DiffletError(f"denoiser {node.name!r}: encoder_attention_mask is built inside the "
+                               "program from valid_text; drop that input", where=node.loc)
+        if runtime != ["valid_text"]:
+            raise DiffletError(f"denoiser {node.name!r} needs exactly one runtime input, valid_text "
+                               f"(has {runtime})", where=node.loc)
+        if len(node.find(Op.OUTPUT)) != 1:
+            raise DiffletError(f"denoiser {node.name!r} has one output (sample)", where=node.loc)
+
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor]:
+        kwargs = dict(zip(self.names, inputs, strict=True))
+        valid_text = kwargs.pop("valid_text")
+        text = kwargs["encoder_hidden_states"]
+        # the pipeline passes the tokenizer's mask cast to the transformer dtype; right padding
+        mask = (torch.arange(text.shape[1], device=text.device) < valid_text).to(text.dtype)[None]
+        out = self.model(**kwargs, encoder_attention_mask=mask, return_dict=False)[0]
+        return (out,)
+
+
+class LlamaHiddenStatesProgram(torch.nn.Module):
+    """input_ids [1, L] -> hidden_states[-(SKIP_LAYERS + 1)] [1, L, H] (no KV cache, no mask)."""
+
+    def __init__(self, model: torch.nn.Module, node: Node) -> None:
+        super().__init__()
+        self.model = model
+        names = [n.name for n in node.find(Op.INPUT)]
+        if names != ["input_ids"]:
+            raise DiffletError(f"encoder {node.name!r} takes exactly input_ids, not {names}",
+                               where=node.loc)
+
+    def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor]:
+        out = self.model(input_ids=input_ids, output_hidden_states=True, use_cache=False)
+        return (out.hidden_states[-(SKIP_LAYERS + 1)],)
+
+
+def _llama_program(model: torch.nn.Module, node: Node) -> torch.nn.Module:
+    """The hidden-states program when the IR selects `hidden_states`, else the generic one."""
+    from difflet.codegen.build import ProgramModule
+
+    selects = [n.attrs.get("select") for n in node.find(Op.OUTPUT)]
+    if selects == ["hidden_states"]:
+        return LlamaHiddenStatesProgram(model, node)
+    return ProgramModule(model, node)
+
+
+PROCESSORS = {DENOISER: HunyuanVideoBoundedAttnProcessor}
+PROGRAM_WRAPPERS = {DENOISER: HunyuanVideoProgram, "transformers.LlamaModel": _llama_program}
