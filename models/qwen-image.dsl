@@ -1,6 +1,6 @@
 # Qwen/Qwen-Image at real size (QwenImagePipeline), 1024x1024.
 # VAE 8x spatial, latents packed 2x2 -> 4096 visual tokens of 64 channels; text is the
-# Qwen2.5-VL last hidden state (template cropped), at most 512 tokens, padding masked.
+# Qwen2.5-VL last decoder layer's hidden states (template cropped), at most 512 tokens, padding masked.
 
 model qwen_image family qwen_image
 
@@ -45,10 +45,9 @@ denoiser transformer = diffusers.QwenImageTransformer2DModel from "transformer" 
         guidance_embeds: false, axes_dims_rope: [16, 56, 56]
     }
     dtype dtype
-    input hidden_states:               dtype[1, (height / 16) * (width / 16), 64]
-    input encoder_hidden_states:       dtype[1, max_text, 3584]
-    input encoder_hidden_states_mask:  int64[1, max_text]
-    input timestep:                    dtype[1]
+    input hidden_states:         dtype[1, (height / 16) * (width / 16), 64]
+    input encoder_hidden_states: dtype[1, max_text, 3584]   # valid rows first; padding masked in the program
+    input timestep:              dtype[1]
     input valid_text: runtime valid_text
     output sample: dtype[1, (height / 16) * (width / 16), 64] select 0
 

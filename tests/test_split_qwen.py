@@ -24,7 +24,7 @@ from difflet.parallel.launch import run_ranks
 
 QWEN_TINY = Path(__file__).resolve().parent.parent / "models" / "qwen-image-tiny.dsl"
 T = 16
-GRID = 8  # 128 x 128 profile, VAE 8x, 2x2 patches: an 8 x 8 grid of 64 visual tokens
+GRID = 8  # 64 x 64 profile, VAE 4x, 2x2 patches: an 8 x 8 grid of 64 visual tokens
 VALID = (1, 3, 7, 12, 16)  # >= 5 runtime values from 1 to max_text
 FOUR = [("tp4", None), ("tp4+sp", None), ("tp2cp2", "ulysses"), ("tp2cp2", "ring"),
         ("tp2cp2", "gather_kv"), ("cp4", "ulysses"), ("cp4", "ring"), ("cp4", "gather_kv"),
@@ -91,7 +91,7 @@ def qwen(difflet_test_store):
     with torch.no_grad():
         for v in VALID:
             oracle[v] = ref(hidden_states=x[0], encoder_hidden_states=x[1],
-                            encoder_hidden_states_mask=_oracle_mask(v), timestep=x[3],
+                            encoder_hidden_states_mask=_oracle_mask(v), timestep=x[2],
                             img_shapes=[(1, GRID, GRID)], return_dict=False)[0]
     return ckpt, x, ref, oracle
 

@@ -39,15 +39,14 @@ def _mask(v):
 
 
 def _branches(node, pair):
-    """(prompt, negative prompt) full input tuples: same latents and timestep, different text
-    embeddings, masks and valid_text."""
+    """(prompt, negative prompt) program input tuples (hidden_states, encoder_hidden_states,
+    timestep, valid_text): same latents and timestep, different text embeddings and valid_text."""
     from difflet.codegen.build import example_inputs
 
     x = list(example_inputs(node))
     neg = list(x)
     neg[1] = torch.randn(x[1].shape, generator=torch.Generator().manual_seed(3))
-    x[2], x[-1] = _mask(pair[0]), torch.tensor(pair[0])
-    neg[2], neg[-1] = _mask(pair[1]), torch.tensor(pair[1])
+    x[-1], neg[-1] = torch.tensor(pair[0]), torch.tensor(pair[1])
     return tuple(x), tuple(neg)
 
 
@@ -87,9 +86,9 @@ def test_tp2_cfg2_true_cfg_equals_unsplit_diffusers_pipeline_combine(difflet_tes
     want, cond_only = [], []
     with torch.no_grad():
         for pair in PAIRS:
-            cond, neg = (ref(hidden_states=x[0], encoder_hidden_states=x[1], encoder_hidden_states_mask=x[2],
-                             timestep=x[3], img_shapes=[(1, GRID, GRID)], return_dict=False)[0]
-                         for x in _branches(node, pair))
+            cond, neg = (ref(hidden_states=x[0], encoder_hidden_states=x[1], encoder_hidden_states_mask=_mask(v),
+                             timestep=x[2], img_shapes=[(1, GRID, GRID)], return_dict=False)[0]
+                         for x, v in zip(_branches(node, pair), pair))
             comb = neg + SCALE * (cond - neg)
             want.append(comb * (torch.norm(cond, dim=-1, keepdim=True) / torch.norm(comb, dim=-1, keepdim=True)))
             cond_only.append(cond)

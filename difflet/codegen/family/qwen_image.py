@@ -1,0 +1,87 @@
+"""Qwen-Image codegen hooks: QwenImagePipeline checkpoints, the text-encoder program, a tiny tokenizer.
+
+Invariants:
+- The text-encoder program takes padded input_ids [1, L] (static L = max_text + template) and
+  returns the LAST DECODER LAYER's hidden states [1, L, D] (`hidden_states[-1]` of the model run
+  with output_hidden_states, before the final norm), exactly what QwenImagePipeline reads. It runs
+  the language model alone (text-only: the vision tower and lm_head never run) with no attention
+  mask: the model is causal and the host pads on the right, so a valid position never sees
+  padding, and text-only position ids are 0..L-1 with or without the mask. The host keeps the
+  valid rows; the padding rows are garbage by design and never read.
+- The denoiser needs no wrapper: split_qwen's processor (registered in codegen/attention.py)
+  masks text padding from the runtime valid_text inside the program.
+- The tiny tokenizer splits the chat template into exactly as many tokens as Qwen2Tokenizer
+  does (34 before the prompt), so the pipeline's fixed drop index means the same thing.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from difflet.errors import DiffletError
+from difflet.ir.nodes import Node, Op
+
+PIPELINE_CLASS = "QwenImagePipeline"
+INDEX_EXTRAS: dict = {}  # QwenImagePipeline has no optional components
+
+# QwenImagePipeline.prompt_template_encode (the host formats prompts with the same string)
+PROMPT_TEMPLATE = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, "
+                   "quantity, text, spatial relationships of the objects and background:<|im_end|>\n"
+                   "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n")
+TEMPLATE_START = 34  # QwenImagePipeline.prompt_template_encode_start_idx
+
+
+class QwenTextEncoderProgram(torch.nn.Module):
+    """Qwen2.5-VL text path -> hidden_states[-1] (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, node: Node) -> None:
+        super().__init__()
+        outputs = node.find(Op.OUTPUT)
+        inputs = [n.name for n in node.find(Op.INPUT)]
+        if inputs != ["input_ids"] or len(outputs) != 1 or outputs[0].attrs.get("select") != "hidden_states":
+            raise DiffletError(f"text encoder {node.name!r}: Qwen2.5-VL programs take `input_ids` and give "
+                               f"one output select \"hidden_states\" (got inputs {inputs})", where=node.loc)
+        self.language_model = model.model.language_model
+
+    def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor]:
+        out = self.language_model(input_ids=input_ids, use_cache=False, output_hidden_states=True)
+        return (out.hidden_states[-1],)
+
+
+PROGRAM_WRAPPERS = {"transformers.Qwen2_5_VLForConditionalGeneration": QwenTextEncoderProgram}
+
+
+def write_tokenizer(comp: Node, config: dict, tokenizer_attrs, dest: Path) -> bool:
+    """A word-level tokenizer shaped like Qwen2Tokenizer: chat special tokens, newlines as tokens,
+    no added bos/eos, right padding with <|endoftext|> (the text config's pad id)."""
+    from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    from difflet.codegen.checkpoint import CAPTION_WORDS
+
+    text = config.get("text_config", config)
+    vocab_size, pad = int(text["vocab_size"]), int(text.get("pad_token_id") or 0)
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>"]
+    words = ["\n", *PROMPT_TEMPLATE.replace("{}", " ").replace("<|im_start|>", " ")
+             .replace("<|im_end|>", " ").replace(",", " , ").replace(":", " : ").lower().split(),
+             *CAPTION_WORDS]
+    ids = iter(i for i in range(vocab_size) if i != pad)
+    vocab = {specials[0]: pad}
+    for word in [*specials[1:], *words]:
+        if word not in vocab:
+            vocab[word] = next(ids, None)
+    vocab.update({f"tok{i}": i for i in ids})
+    if None in vocab.values():
+        raise DiffletError(f"vocab_size {vocab_size} is too small for the tiny tokenizer", where=comp.loc)
+    tok = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+    tok.normalizer = normalizers.Lowercase()
+    # keep "\n" as a token (Qwen's BPE does): the template is then 34 tokens before the prompt
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"\n|\w+|[^\w\s]+"), behavior="removed", invert=True)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=int(tokenizer_attrs["max_length"]),
+                                   pad_token="<|endoftext|>", eos_token="<|im_end|>", unk_token="<unk>",
+                                   additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+                                   padding_side="right")
+    fast.save_pretrained(str(dest))
+    return True

@@ -1,0 +1,185 @@
+"""Qwen-Image host steps, matching diffusers' QwenImagePipeline (pipeline_qwenimage.py) operation
+for operation, batch 1.
+
+Invariants:
+- Shapes come from the IR: latent channels = transformer hidden_states width / 4, the VAE scale
+  factor = profile height / the VAE input's latent height, text keys T = the transformer's
+  encoder_hidden_states length, template tokens dropped = profile `template`, and the text
+  encoder's input length must be T + template (checked, naming `template`).
+- Text: the prompt in the chat template, tokenized right-padded to the encoder's static length;
+  the encoder program gives the last layer's hidden states; the host keeps rows
+  [template, valid tokens) — the pipeline's trimmed, unpadded embeddings, truncated to T as its
+  max_sequence_length = T does. They go to the denoiser zero-padded to T with `valid_text` = their
+  count: the program masks the padding, so padding never reaches the output.
+- True CFG, as the pipeline with a negative prompt: on when guidance > 1; the negative prompt
+  defaults to " " (the official example's). Two batch-1 denoiser calls per step, each with its
+  own valid_text, then comb = neg + s * (cond - neg) rescaled to the conditional norm per token.
+- Sampling state (generator, scheduler) lives in RequestState, never in HostEnv.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from difflet.codegen.family.qwen_image import PROMPT_TEMPLATE
+from difflet.errors import DiffletError
+from difflet.ir.nodes import Node, Op
+from difflet.runtime.host import host_step
+from difflet.runtime.host.flux import (_input_shape, _tokenizer, calculate_shift, class_config_value,
+                                       make_scheduler, pack_latents)
+from difflet.runtime.host.loop import cached_loop
+from difflet.runtime.schedule import HostEnv, RequestState, schedule_steps
+
+DEFAULT_NEGATIVE_PROMPT = " "  # the official Qwen-Image example's negative prompt
+
+
+def latent_geometry(env: HostEnv, height: int, width: int) -> tuple[int, int, int]:
+    """(latent channels, latent height, latent width), as QwenImagePipeline.prepare_latents."""
+    vae = env.module.components("decoder")[0]
+    z_shape = _input_shape(vae, vae.find(Op.INPUT)[0].name)
+    vae_scale_factor = int(env.profile["height"]) // z_shape[3]
+    denoiser = env.module.components("denoiser")[0]
+    channels = _input_shape(denoiser, "hidden_states")[-1] // 4
+    return (channels, 2 * (int(height) // (vae_scale_factor * 2)),
+            2 * (int(width) // (vae_scale_factor * 2)))
+
+
+def true_cfg(env: HostEnv, guidance: float) -> bool:
+    """Whether a request runs true CFG: the pipeline's `true_cfg_scale > 1 and negative prompt`
+    (Difflet always has a negative prompt) under the denoise step's "true_cfg" mode."""
+    for step in schedule_steps(env.module):
+        if step.name == "qwen_image.denoise":
+            return guidance_mode(step) == "true_cfg" and guidance > 1
+    return False
+
+
+def guidance_mode(step: Node) -> str:
+    mode = (step.attrs.get("guidance") or {"mode": "true_cfg"})["mode"]
+    if mode not in ("true_cfg", "none"):
+        raise DiffletError(f"qwen_image.denoise supports guidance modes 'true_cfg' and 'none', not {mode!r}",
+                           where="guidance")
+    return mode
+
+
+def encode_text(env: HostEnv, encoder: Node, text_len: int, prompt: str) -> tuple[torch.Tensor, int]:
+    """One prompt -> (embeddings [1, T, D] zero-padded after the valid rows, valid row count)."""
+    drop = int(env.profile["template"])
+    tokenizer, max_length = _tokenizer(env, encoder)
+    static = _input_shape(encoder, "input_ids")[1]
+    if not max_length == static == text_len + drop:
+        raise DiffletError(f"text encoder {encoder.name!r} takes {static} tokens (tokenizer max_length "
+                           f"{max_length}), but the denoiser's text length + template is {text_len} + "
+                           f"{drop}", where="template")
+    tokens = tokenizer([PROMPT_TEMPLATE.format(prompt)], padding="max_length", max_length=max_length,
+                       truncation=True, padding_side="right", return_tensors="pt")
+    hidden = next(iter(env.invoke(encoder.name, input_ids=tokens.input_ids).values()))
+    valid = int(tokens.attention_mask[0].sum()) - drop
+    if valid < 1:
+        raise DiffletError(f"the prompt gives no tokens after the {drop} template tokens", where="prompt")
+    embeds = hidden.new_zeros(1, text_len, hidden.shape[-1])
+    embeds[0, :valid] = hidden[0, drop:drop + valid]
+    return embeds, valid
+
+
+@host_step("qwen_image.encode_prompt", phase="encode")
+def encode_prompt(env: HostEnv, step: Node, state: RequestState) -> None:
+    """Prompt (and, under true CFG, negative prompt) embeddings and valid lengths."""
+    (encoder,) = (env.component(name) for name in step.args)
+    denoiser = env.module.components("denoiser")[0]
+    text_len = _input_shape(denoiser, "encoder_hidden_states")[1]
+    params = state.params
+    cfg = true_cfg(env, params.guidance)  # first: a bad guidance mode fails before any program runs
+    state.values["cond"] = encode_text(env, encoder, text_len, params.prompt)
+    if cfg:
+        negative = DEFAULT_NEGATIVE_PROMPT if params.negative_prompt is None else params.negative_prompt
+        state.values["uncond"] = encode_text(env, encoder, text_len, negative)
+
+
+@host_step("qwen_image.prepare_latents", phase="denoise")
+def prepare_latents(env: HostEnv, step: Node, state: RequestState) -> None:
+    """Seeded noise [1, 1, C, h, w] from a CPU generator (the pipeline's exact draw), packed 2x2."""
+    from diffusers.utils.torch_utils import randn_tensor
+
+    params = state.params
+    channels, height, width = latent_geometry(env, params.height, params.width)
+    generator = torch.Generator("cpu").manual_seed(params.seed)
+    noise = randn_tensor((1, 1, channels, height, width), generator=generator,
+                         device=torch.device("cpu"), dtype=torch.float32)
+    state.values["latents"] = pack_latents(noise.view(1, channels, height, width))
+
+
+def timesteps_for(scheduler, num_steps: int, image_seq_len: int) -> torch.Tensor:
+    """The pipeline's schedule: sigmas linspace(1, 1/N, N), resolution shift mu, begin index 0."""
+    cfg = scheduler.config
+    mu = calculate_shift(image_seq_len, cfg.get("base_image_seq_len", 256), cfg.get("max_image_seq_len", 4096),
+                         cfg.get("base_shift", 0.5), cfg.get("max_shift", 1.15))
+    scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / num_steps, num_steps), device="cpu", mu=mu)
+    scheduler.set_begin_index(0)
+    return scheduler.timesteps
+
+
+def denoiser_inputs(text: tuple[torch.Tensor, int], latents: torch.Tensor, t: torch.Tensor) -> dict:
+    """The transformer's inputs by IR name for one branch (text = (embeddings, valid count))."""
+    embeds, valid = text
+    return dict(hidden_states=latents, encoder_hidden_states=embeds,
+                timestep=t.expand(latents.shape[0]).to(latents.dtype) / 1000, valid_text=valid)
+
+
+def predict_noise(env: HostEnv, component: str, state: RequestState, latents: torch.Tensor,
+                  t: torch.Tensor, scale: float) -> torch.Tensor:
+    """One step's model output: the conditional call, and under true CFG the negative call and
+    the pipeline's norm-preserving combine."""
+    def call(text):
+        return next(iter(env.invoke(component, **denoiser_inputs(text, latents, t)).values()))
+
+    cond = call(state.values["cond"])
+    if "uncond" not in state.values:
+        return cond
+    neg = call(state.values["uncond"])
+    comb = neg + scale * (cond - neg)
+    return comb * (torch.norm(cond, dim=-1, keepdim=True) / torch.norm(comb, dim=-1, keepdim=True))
+
+
+@host_step("qwen_image.denoise", phase="denoise")
+def denoise(env: HostEnv, step: Node, state: RequestState) -> None:
+    """Flow-matching Euler loop (step-cached by cached_loop) with true CFG or none."""
+    (transformer,) = step.args
+    guidance_mode(step)
+    names = {n.name for n in env.component(transformer).find(Op.INPUT)}
+    if "guidance" in names:  # guidance-distilled Qwen transformers are not served
+        raise DiffletError(f"transformer {transformer!r} has a guidance input; Qwen-Image is served "
+                           "with true CFG only", where="guidance")
+    scheduler = make_scheduler(step)
+    latents = state.values["latents"]
+    timesteps = timesteps_for(scheduler, state.params.steps, latents.shape[1])
+    scale = float(state.params.guidance)
+    state.values["latents"] = cached_loop(
+        env, state, scheduler, timesteps, latents,
+        predict=lambda x, t: predict_noise(env, transformer, state, x, t, scale),
+        probe_inputs=lambda x, t: denoiser_inputs(state.values["cond"], x, t))
+
+
+@host_step("qwen_image.decode", phase="decode")
+def decode(env: HostEnv, step: Node, state: RequestState) -> None:
+    """Unpack to [1, C, 1, h, w], undo the latent normalization, VAE program, first frame, uint8."""
+    from diffusers.image_processor import VaeImageProcessor
+
+    (vae_name,) = step.args
+    vae = env.component(vae_name)
+    channels, height, width = latent_geometry(env, state.params.height, state.params.width)
+    latents = state.values["latents"]
+    latents = latents.view(1, height // 2, width // 2, channels, 2, 2).permute(0, 3, 1, 4, 2, 5)
+    latents = latents.reshape(1, channels, 1, height, width)
+    mean, std = (class_config_value(vae, k) for k in ("latents_mean", "latents_std"))
+    if len(mean) != channels or len(std) != channels:
+        raise DiffletError(f"VAE {vae_name!r}: latents_mean/latents_std need {channels} entries "
+                           f"(z_dim), got {len(mean)}/{len(std)}", where=vae.loc)
+    mean = torch.tensor(mean).view(1, channels, 1, 1, 1).to(latents.dtype)
+    inv_std = 1.0 / torch.tensor(std).view(1, channels, 1, 1, 1).to(latents.dtype)
+    latents = latents / inv_std + mean
+    z_name = vae.find(Op.INPUT)[0].name
+    decoded = next(iter(env.invoke(vae_name, **{z_name: latents}).values()))
+    state.values["decoded"] = decoded
+    image = decoded[:, :, 0]
+    array = VaeImageProcessor(do_resize=False).postprocess(image, output_type="np")
+    state.image = (array[0] * 255).round().astype("uint8")
