@@ -65,17 +65,20 @@ def llama_embeds(env: HostEnv, llama: Node, text_len: int, prompt: str) -> tuple
     if crop < 0:
         raise DiffletError(f"encoder {llama.name!r} takes {length} tokens, fewer than the "
                            f"denoiser's {text_len} text tokens", where=llama.loc)
-    enc = _tokenizer(env, llama)([prompt_template().format(prompt)], max_length=length,
-                                 padding="max_length", truncation=True, return_tensors="pt",
-                                 return_attention_mask=True)
+    tokenizer = _tokenizer(env, llama)
+    if tokenizer.padding_side != "right":  # the valid rows must not depend on the padding
+        raise DiffletError(f"the Llama tokenizer must pad on the right (padding_side='right'), "
+                           f"not {tokenizer.padding_side!r}", where="tokenizer")
+    enc = tokenizer([prompt_template().format(prompt)], max_length=length, padding="max_length",
+                    truncation=True, return_tensors="pt", return_attention_mask=True)
     hidden = next(iter(env.invoke(llama.name, input_ids=enc.input_ids).values()))
     mask = enc.attention_mask[0, crop:]
     valid = int(mask.sum())
     if valid == 0:
         raise DiffletError(f"the prompt template tokenizes to fewer than crop_start={crop} tokens, so "
                            "no text is left after the crop", where="tokenizer")
-    if not bool(mask[:valid].all()):  # the denoiser keeps keys [0, valid): right padding only
-        raise DiffletError("the Llama tokenizer must pad on the right (padding_side='right')",
+    if not bool(mask[:valid].all()):  # the denoiser keeps keys [0, valid): a prefix
+        raise DiffletError("the Llama tokenizer's attention mask is not a prefix of ones",
                            where="tokenizer")
     return hidden[:, crop:], valid
 
