@@ -62,14 +62,14 @@ denoiser transformer = diffusers.HunyuanVideoTransformer3DModel from "transforme
     input hidden_states:          dtype[1, 16, (frames - 1) / 4 + 1, height / 8, width / 8]
     input timestep:               dtype[1]
     input encoder_hidden_states:  dtype[1, max_text, 4096]
-    input encoder_attention_mask: int64[1, max_text]
+    # no mask input: the program builds encoder_attention_mask from valid_text
     input pooled_projections:     dtype[1, 768]
     input guidance:               float32[1]
     input valid_text: runtime valid_text
     output sample: dtype[1, 16, (frames - 1) / 4 + 1, height / 8, width / 8] select 0
 
-    attention "context_embedder.token_refiner.refiner_blocks.*.attn": self
-        heads 24 head_dim 128 order (text) text_mask true valid valid_text
+    # the token refiner's self-attention (24 x 128 over the text) keeps diffusers' masked SDPA:
+    # codegen installs Difflet's bounded attention at joint sites only
     attention "transformer_blocks.*.attn": joint
         heads 24 head_dim 128 order (visual, text) text_mask true valid valid_text
     attention "single_transformer_blocks.*.attn": joint
