@@ -1,0 +1,203 @@
+"""qwen-image-tiny served end to end by Difflet equals diffusers' QwenImagePipeline.
+
+Oracles, all loaded from the same random:0 checkpoint: transformers' Qwen2_5_VLForConditionalGeneration
+(hidden_states[-1], the pipeline's text features), diffusers' QwenImageTransformer2DModel given the
+trimmed, UNPADDED text (as the pipeline calls it), AutoencoderKLQwenImage.decode, and the whole
+QwenImagePipeline with the same prompt, negative prompt, seed, steps, true_cfg_scale and size.
+The programs are the AOTInductor-compiled ones (codegen, shared test store).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from difflet.errors import DiffletError
+from tests.conftest import shared_store_dir
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = REPO / "models" / "qwen-image-tiny.dsl"
+TOL = 1e-4
+T, DROP = 16, 34  # max_text, template tokens
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
+    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
+
+
+def _lower(path=TINY):
+    from difflet.frontend.lower import lower_file
+    from difflet.passes.pipeline import optimize
+
+    return optimize(lower_file(str(path)), parallel="tp1", target="cpu", backend="inductor")
+
+
+@pytest.fixture(scope="module")
+def module():
+    return _lower()
+
+
+@pytest.fixture(scope="module")
+def ckpt(module):
+    from difflet.codegen.checkpoint import resolve_weights
+
+    return resolve_weights(module, "random:0", shared_store_dir())
+
+
+@pytest.fixture(scope="module")
+def runner(module, ckpt, tmp_path_factory):
+    from difflet.codegen.driver import codegen
+    from difflet.runtime.runner import ModelRunner
+
+    art = tmp_path_factory.mktemp("qwen-image-tiny-art")
+    codegen(module, str(ckpt), art, store=shared_store_dir(), log=lambda *_: None)
+    return ModelRunner.from_artifacts(art)
+
+
+@pytest.fixture(scope="module")
+def pipe(ckpt):
+    from diffusers import QwenImagePipeline
+
+    pipe = QwenImagePipeline.from_pretrained(str(ckpt))
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _program(runner, name, **values):
+    return next(iter(runner.env.invoke(name, **values).values()))
+
+
+def _template_ids(pipe, prompt, padded: bool):
+    text = pipe.prompt_template_encode.format(prompt)
+    kw = dict(padding="max_length", max_length=T + DROP) if padded else dict(padding=True)
+    return pipe.tokenizer([text], truncation=True, return_tensors="pt", **kw)
+
+
+@pytest.mark.parametrize("prompt", ["a red fox in the snow", " ", "two small blue birds flying over a "
+                                    "green field near a river under a bright sky at night"])
+def test_text_encoder_program_equals_qwen25vl(runner, pipe, prompt):
+    """Program on right-padded ids (no mask) == the model on the pipeline's unpadded ids, on the
+    valid rows: the causal LM never lets a valid position see padding."""
+    padded = _template_ids(pipe, prompt, padded=True)
+    valid = int(padded.attention_mask.sum())
+    got = _program(runner, "text_encoder", input_ids=padded.input_ids)
+    ref_ids = _template_ids(pipe, prompt, padded=False)
+    with torch.no_grad():
+        ref = pipe.text_encoder(input_ids=ref_ids.input_ids, attention_mask=ref_ids.attention_mask,
+                                output_hidden_states=True).hidden_states[-1]
+    n = min(valid, ref.shape[1])  # the long prompt is truncated at T + DROP tokens
+    assert valid > DROP and n == valid
+    err = (got[:, :n] - ref[:, :n]).abs().max().item()
+    print(f"text encoder ({valid - DROP} prompt tokens): max abs {err:.2e}")
+    assert err <= TOL
+
+
+def test_denoiser_program_equals_diffusers_on_unpadded_text(runner, pipe):
+    """Program (text zero-padded to T, valid_text) == diffusers given only the valid rows, as the
+    pipeline calls it, at several valid lengths; the padding rows' contents change nothing."""
+    gen = torch.Generator().manual_seed(1)
+    latents = torch.randn(1, 64, 16, generator=gen)
+    text = torch.randn(1, T, 32, generator=gen)
+    t = torch.tensor([0.7])
+    moved, errs = [], []
+    for valid in (3, 9, T):
+        with torch.no_grad():
+            ref = pipe.transformer(hidden_states=latents, encoder_hidden_states=text[:, :valid], timestep=t,
+                                   img_shapes=[[(1, 8, 8)]], return_dict=False)[0]
+        got = _program(runner, "transformer", hidden_states=latents, encoder_hidden_states=text, timestep=t,
+                       valid_text=valid)
+        errs.append((got - ref).abs().max().item())
+        if valid < T:
+            other = text.clone()
+            other[:, valid:] = torch.randn(1, T - valid, 32, generator=gen) * 5
+            again = _program(runner, "transformer", hidden_states=latents, encoder_hidden_states=other,
+                             timestep=t, valid_text=valid)
+            assert torch.equal(got, again)
+            moved.append((got - _program(runner, "transformer", hidden_states=latents,
+                                         encoder_hidden_states=text, timestep=t, valid_text=T)).abs().max().item())
+    print(f"denoiser max abs per valid_text (3, 9, {T}): {['%.2e' % e for e in errs]}")
+    assert max(errs) <= TOL and min(moved) > 100 * max(max(errs), 1e-7)  # valid_text selects the keys
+
+
+def test_vae_program_equals_autoencoder_decode(runner, pipe):
+    z = torch.randn(1, 4, 1, 16, 16, generator=torch.Generator().manual_seed(2)) * 2.0
+    got = _program(runner, "vae", z=z)
+    with torch.no_grad():
+        ref = pipe.vae.decode(z, return_dict=False)[0]
+    err = (got - ref).abs().max().item()
+    print(f"vae: max abs {err:.2e}")
+    assert got.shape == (1, 3, 1, 64, 64) and err <= TOL
+
+
+def _reference(pipe, params, negative, output_type="np"):
+    out = pipe(params.prompt, negative_prompt=negative, true_cfg_scale=params.guidance,
+               generator=torch.Generator("cpu").manual_seed(params.seed), num_inference_steps=params.steps,
+               height=params.height, width=params.width, max_sequence_length=T, output_type=output_type)
+    return out.images
+
+
+CASES = [  # prompt, seed, steps, guidance, negative prompt (None = Difflet's default " ")
+    ("a red fox in the snow", 42, None, None, None),
+    ("blue circle on a white background", 7, 3, 2.5, "dark blurry picture"),
+    ("a small cat sitting on a big red box", 3, 2, 1.0, None),  # guidance 1: no true CFG, one call
+]
+
+
+@pytest.mark.parametrize("prompt,seed,steps,guidance,negative", CASES)
+def test_generate_equals_qwenimagepipeline(runner, pipe, prompt, seed, steps, guidance, negative):
+    from difflet.runtime.schedule import run_schedule
+
+    params = runner.resolve(prompt=prompt, seed=seed, steps=steps, guidance=guidance, negative_prompt=negative)
+    result = runner.generate(params)
+    ref = _reference(pipe, params, " " if negative is None else negative)
+    ref = (ref[0] * 255).round().astype("uint8")
+    assert result.image.shape == ref.shape == (64, 64, 3) and result.png and result.image.std() > 0
+    print(f"{prompt!r}: PSNR {psnr(result.image, ref):.1f} dB, max pixel diff "
+          f"{np.abs(result.image.astype(int) - ref.astype(int)).max()}")
+    assert psnr(result.image, ref) >= 40
+    # latents: random tiny weights move pixels little, so compare what denoising added to the noise
+    ours = run_schedule(runner.env, params).values["latents"]
+    want = _reference(pipe, params, " " if negative is None else negative, output_type="latent")
+    noise = pipe.prepare_latents(1, 4, 64, 64, torch.float32, "cpu", torch.Generator("cpu").manual_seed(seed))
+    added, added_ref = ours - noise, want - noise
+    rel = ((added - added_ref).norm() / added_ref.norm()).item()
+    print(f"  latents: relative error of the denoising update {rel:.2e}")
+    assert added_ref.norm() > 0.1 and rel < 1e-4
+
+
+def test_negative_prompt_and_guidance_change_the_output(runner):
+    base = dict(prompt="a red fox in the snow", seed=5, steps=2)
+    a = runner.generate(runner.resolve(**base)).image
+    b = runner.generate(runner.resolve(**base, negative_prompt="green tree")).image
+    c = runner.generate(runner.resolve(**base, guidance=1.0, negative_prompt="green tree")).image
+    d = runner.generate(runner.resolve(**base, guidance=1.0)).image
+    assert not np.array_equal(a, b)  # the negative prompt is encoded and used
+    assert np.array_equal(c, d)      # without true CFG it is ignored, as in the pipeline
+
+
+def _variant(tmp_path, old, new):
+    text = TINY.read_text()
+    assert text.count(old) == 1
+    path = tmp_path / "variant.dsl"
+    path.write_text(text.replace(old, new))
+    return _lower(path)
+
+
+def test_bad_guidance_mode_and_template_are_clear_errors(runner, tmp_path):
+    from difflet.runtime.schedule import HostEnv, run_schedule
+
+    params = runner.resolve(prompt="a cat", seed=0)
+    cases = [('mode: "true_cfg"', 'mode: "embedded"', "guidance", "guidance modes 'true_cfg' and 'none'"),
+             ("max_length max_text + template", "max_length max_text + template + 1", "template",
+              "the denoiser's text length + template is 16 + 34")]
+    for old, new, where, needle in cases:
+        env = HostEnv(_variant(tmp_path, old, new), runner.env.programs, runner.env.host_dir)
+        with pytest.raises(DiffletError) as err:
+            run_schedule(env, params)
+        assert err.value.where == where and needle in err.value.message
+    with pytest.raises(DiffletError) as err:
+        runner.resolve(prompt="a cat", seed=0, negative_prompt=3)
+    assert err.value.where == "negative_prompt"
