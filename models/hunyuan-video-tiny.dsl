@@ -3,8 +3,7 @@
 # latents [1, 4, 2, 8, 8]; patch 2 (patch_t 1) -> 2 x 4 x 4 = 32 visual tokens, joined with 16
 # Llama tokens (visual first). The Llama prompt is the pipeline's template (crop_start 95) +
 # prompt, padded right to max_text + template; the denoiser masks text padding from valid_text.
-# The VAE program is the whole-clip decode at the profile's frame count (diffusers' own decode,
-# including its framewise temporal tiling when latent frames > 4): no fixed-size chunk program.
+# The VAE program is the whole-clip decode at the profile's frame count (see the decoder).
 
 model hunyuan_video_tiny family hunyuan_video
 
@@ -76,6 +75,11 @@ denoiser transformer = diffusers.HunyuanVideoTransformer3DModel from "transforme
         heads 2 head_dim 16 order (visual, text) text_mask true valid valid_text
 }
 
+# Whole-clip decode, compiled at the profile's frame count: AutoencoderKLHunyuanVideo.decode as
+# diffusers runs it (its framewise temporal tiling, when latent frames > 4, is traced into the
+# program). Not a fixed-size temporal chunk program: the decoder's GroupNorms take statistics over
+# every frame of a tile (no causal cache to carry) and the default tiling's tail tiles are shorter
+# (61 frames: tiles of 5, 5, 5, 5, 4, 1 latent frames), so each tile length would need a program.
 decoder vae = diffusers.AutoencoderKLHunyuanVideo from "vae" {
     config {
         in_channels: 3, out_channels: 3, latent_channels: 4

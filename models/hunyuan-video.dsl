@@ -76,6 +76,11 @@ denoiser transformer = diffusers.HunyuanVideoTransformer3DModel from "transforme
         heads 24 head_dim 128 order (visual, text) text_mask true valid valid_text
 }
 
+# Whole-clip decode, compiled at the profile's frame count: AutoencoderKLHunyuanVideo.decode as
+# diffusers runs it (its framewise temporal tiling, when latent frames > 4, is traced into the
+# program). Not a fixed-size temporal chunk program: the decoder's GroupNorms take statistics over
+# every frame of a tile (no causal cache to carry) and the default tiling's tail tiles are shorter
+# (61 frames: tiles of 5, 5, 5, 5, 4, 1 latent frames), so each tile length would need a program.
 decoder vae = diffusers.AutoencoderKLHunyuanVideo from "vae" {
     config { latent_channels: 16 }
     entry decode
