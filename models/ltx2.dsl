@@ -1,8 +1,6 @@
-# Lightricks/LTX-2 at real size (LTX2Pipeline), 512x768, 121 frames at 24 fps.
-# Video VAE: 32x spatial, 8x temporal, 128 latent channels, patch 1 -> packed latents
-# [1, 16*16*24 = 6144, 128]; audio: 126 latent tokens of 128 channels. Text: Gemma-3-12B
-# hidden states (48 layers + embeddings, stacked) through the connectors, which replace
-# padding with learnable registers, so nothing is masked.
+# Lightricks/LTX-2 at real size (LTX2Pipeline), 512x768, 121 frames at 24 fps; VAE 32x spatial, 8x
+# temporal, 128 latent channels -> [1, 16*16*24 = 6144, 128]; audio 126 frames of 8 ch x 16 mel -> 128.
+# Text: Gemma-3-12B's 49 stacked hidden states -> connectors (registers replace the left padding).
 
 model ltx2 family ltx2
 
@@ -12,7 +10,7 @@ profile {
     frames   = 121
     audio    = 126
     steps    = 30
-    guidance = 3.0      # true CFG (+ STG, modality guidance)
+    guidance = 3.0      # true CFG + rescale (the pipeline's STG / modality guidance are not served)
     max_text = 1024
     dtype    = bfloat16
 }
@@ -34,14 +32,16 @@ encoder text_encoder = transformers.Gemma3ForConditionalGeneration from "text_en
     dtype dtype
     tokenizer transformers.PreTrainedTokenizerFast from "tokenizer" max_length max_text
     input  input_ids: int64[1, max_text]
-    output hidden_states: dtype[1, max_text, 3840] select "hidden_states"
+    input  valid_text: int64[]   # 0-d count of valid (left-padded) tokens
+    output hidden_states: dtype[1, max_text, 188160] select "hidden_states"
 }
-
 encoder connectors = diffusers.pipelines.ltx2.connectors.LTX2TextConnectors from "connectors" {
     config { caption_channels: 3840, text_proj_in_factor: 49 }
     dtype dtype
     input  text_encoder_hidden_states: dtype[1, max_text, 188160]
+    input  valid_text: int64[]
     output video_text: dtype[1, max_text, 3840] select 0
+    output audio_text: dtype[1, max_text, 3840] select 1
 }
 
 # 48 audio-video blocks: video 32 x 128, audio 32 x 64
@@ -59,8 +59,13 @@ denoiser transformer = diffusers.LTX2VideoTransformer3DModel from "transformer" 
     input encoder_hidden_states:       dtype[1, max_text, 3840]
     input audio_encoder_hidden_states: dtype[1, max_text, 3840]
     input timestep:                    dtype[1]
-    input valid_text: runtime valid_text
-    output sample: dtype[1, ((frames - 1) / 8 + 1) * (height / 32) * (width / 32), 128] select 0
+    input video_coords:                float32[1, 3, ((frames - 1) / 8 + 1) * (height / 32) * (width / 32), 2]
+    input audio_coords:                float32[1, 1, audio, 2]
+    output sample:       dtype[1, ((frames - 1) / 8 + 1) * (height / 32) * (width / 32), 128] select 0
+    output audio_sample: dtype[1, audio, 128] select 1
+
+    # planning facts for the partitioner (heads, streams); the tp1 program runs diffusers' own
+    # attention (registers leave no text padding), Difflet kernels for these sites are not built
 
     attention "transformer_blocks.*.attn1": self heads 32 head_dim 128 order (visual) text_mask false valid valid_text
     attention "transformer_blocks.*.audio_attn1": self heads 32 head_dim 64 order (audio) text_mask false valid valid_text
@@ -78,15 +83,34 @@ decoder vae = diffusers.AutoencoderKLLTX2Video from "vae" {
     output sample: dtype[1, 3, frames, height, width] select "sample"
 }
 
+# audio: 126 latent frames -> mel (4 * 126 - 3 frames of 64 bins, stereo) -> 24 kHz waveform
+decoder audio_vae = diffusers.AutoencoderKLLTX2Audio from "audio_vae" {
+    config { latent_channels: 8, mel_bins: 64, output_channels: 2, sample_rate: 16000, mel_hop_length: 160 }
+    entry decode
+    dtype dtype
+    input  z: dtype[1, 8, audio, 16]
+    output mel: dtype[1, 2, 4 * audio - 3, 64] select "sample"
+}
+
+decoder vocoder = diffusers.pipelines.ltx2.vocoder.LTX2Vocoder from "vocoder" {
+    config {
+        in_channels: 128, hidden_channels: 1024, out_channels: 2, upsample_factors: [6, 5, 2, 2, 2]
+        upsample_kernel_sizes: [16, 15, 8, 4, 4], output_sampling_rate: 24000
+    }
+    dtype dtype
+    input  hidden_states: dtype[1, 2, 4 * audio - 3, 64]
+    output waveform: dtype[1, 2, 240 * (4 * audio - 3)] select 0
+}
+
 schedule {
     ltx2.encode_prompt(text_encoder, connectors)
-    ltx2.prepare_latents()
+    ltx2.prepare_latents() { frame_rate: 24.0 }
     ltx2.denoise(transformer) {
         scheduler: diffusers.FlowMatchEulerDiscreteScheduler {
             use_dynamic_shifting: true, base_shift: 0.95, max_shift: 2.05
             base_image_seq_len: 1024, max_image_seq_len: 4096, shift_terminal: 0.1, shift: 1.0
         }
-        guidance: { mode: "cfg", scale: guidance }
+        guidance: { mode: "cfg", scale: guidance, audio_scale: 7.0, rescale: 0.7, audio_rescale: 0.7 }
     }
-    ltx2.decode(vae)
+    ltx2.decode(vae, audio_vae, vocoder)
 }
