@@ -1,0 +1,184 @@
+"""ltx2-tiny served by Difflet against diffusers' LTX2Pipeline (text to video + audio).
+
+Oracles: each compiled program against its diffusers/transformers class loaded from the same
+random:0 checkpoint, called as LTX2Pipeline calls it (masks, padding side, RoPE coordinates and
+(de)normalization computed by diffusers itself); end to end, ModelRunner's frames and waveform
+against LTX2Pipeline.from_pretrained(checkpoint) with the same prompt, seed, steps, guidance and
+negative prompt (STG and modality guidance off: Difflet serves true CFG + rescale).
+"""
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import shared_store_dir
+from difflet.errors import DiffletError
+
+DSL = Path(__file__).resolve().parent.parent / "models" / "ltx2-tiny.dsl"
+ATOL = 1e-4
+PROMPTS = ("a red fox in the snow",  # 7 of 16 tokens valid: left padding
+           "a small red cat sitting on a big blue box near the old house under the dark night sky")
+
+
+@pytest.fixture(scope="module")
+def module():
+    from difflet.frontend.lower import lower_file
+    from difflet.passes.pipeline import optimize
+
+    return optimize(lower_file(str(DSL)), parallel="tp1", target="cpu", backend="inductor")
+
+
+@pytest.fixture(scope="module")
+def ckpt(module):
+    from difflet.codegen.checkpoint import resolve_weights
+
+    return resolve_weights(module, "random:0", shared_store_dir())
+
+
+@pytest.fixture(scope="module")
+def art_dir(module, ckpt, tmp_path_factory):
+    from difflet.codegen.driver import codegen
+
+    out = tmp_path_factory.mktemp("ltx2-tiny-art")
+    codegen(module, str(ckpt), out, store=shared_store_dir(), log=lambda *_: None)
+    return out
+
+
+@pytest.fixture(scope="module")
+def pipe(ckpt):
+    from diffusers import LTX2Pipeline
+
+    pipe = LTX2Pipeline.from_pretrained(str(ckpt))
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+@pytest.fixture(scope="module")
+def runner(art_dir):
+    from difflet.runtime.runner import ModelRunner
+
+    return ModelRunner.from_artifacts(art_dir)
+
+
+@pytest.fixture(scope="module")
+def programs(runner):
+    """The compiled programs the runner loaded from ART (checksums verified)."""
+    return runner.env.programs
+
+
+def _tokens(pipe, prompt):
+    """input_ids and mask exactly as LTX2Pipeline._get_gemma_prompt_embeds makes them."""
+    pipe.tokenizer.padding_side = "left"
+    out = pipe.tokenizer([prompt.strip()], padding="max_length", max_length=16, truncation=True,
+                         add_special_tokens=True, return_tensors="pt")
+    return out.input_ids, out.attention_mask
+
+
+def _reference_text(pipe, prompt):
+    ids, mask = _tokens(pipe, prompt)
+    with torch.no_grad():
+        embeds, mask = pipe._get_gemma_prompt_embeds(prompt, max_sequence_length=16, device="cpu")
+        video, audio, _ = pipe.connectors(embeds, mask, padding_side="left")
+    return ids, mask, embeds, video, audio
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_text_programs_equal_gemma_and_connectors(programs, pipe, prompt):
+    ids, mask, embeds, video, audio = _reference_text(pipe, prompt)
+    valid = torch.tensor(int(mask.sum()))
+    assert (int(valid) < 16) == (prompt == PROMPTS[0])  # both a padded and a full prompt
+    (hidden,) = programs["text_encoder"](ids, valid)
+    assert (hidden - embeds).abs().max() <= ATOL
+    ours_video, ours_audio = programs["connectors"](embeds, valid)
+    assert (ours_video - video).abs().max() <= ATOL
+    assert (ours_audio - audio).abs().max() <= ATOL
+
+
+def test_transformer_program_equals_diffusers(programs, pipe, runner):
+    from difflet.runtime.host import ltx2
+
+    _, _, _, text, audio_text = _reference_text(pipe, PROMPTS[0])
+    gen = torch.Generator().manual_seed(1)
+    video = torch.randn(1, 80, 4, generator=gen)
+    audio = torch.randn(1, 9, 4, generator=gen)
+    t = torch.tensor([700.0])
+    coords = ltx2.rope_coords(runner.module.component("transformer"), (1, 4, 5, 4, 4), 9, 24.0)
+    ours = programs["transformer"](video, audio, text, audio_text, t, *coords)
+    with torch.no_grad():  # the transformer computes its own coordinates here
+        ref = pipe.transformer(hidden_states=video, audio_hidden_states=audio, encoder_hidden_states=text,
+                               audio_encoder_hidden_states=audio_text, timestep=t, sigma=t,
+                               num_frames=5, height=4, width=4, fps=24.0, audio_num_frames=9,
+                               use_cross_timestep=True, return_dict=False)
+    for a, b in zip(ours, ref, strict=True):
+        assert (a - b).abs().max() <= ATOL
+
+
+def test_decoder_programs_equal_diffusers(programs, pipe):
+    gen = torch.Generator().manual_seed(2)
+    z = torch.randn(1, 4, 5, 4, 4, generator=gen)
+    za = torch.randn(1, 2, 9, 2, generator=gen)
+    with torch.no_grad():
+        vae = pipe.vae
+        ref = vae.decode(pipe._denormalize_latents(z, vae.latents_mean, vae.latents_std,
+                                                   vae.config.scaling_factor), None, return_dict=False)[0]
+        packed = pipe._denormalize_audio_latents(pipe._pack_audio_latents(za), pipe.audio_vae.latents_mean,
+                                                 pipe.audio_vae.latents_std)
+        mel = pipe.audio_vae.decode(pipe._unpack_audio_latents(packed, 9, num_mel_bins=2), return_dict=False)[0]
+        wave = pipe.vocoder(mel)
+    assert (programs["vae"](z)[0] - ref).abs().max() <= ATOL
+    assert (programs["audio_vae"](za)[0] - mel).abs().max() <= ATOL
+    assert (programs["vocoder"](mel)[0] - wave).abs().max() <= ATOL
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
+    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
+
+
+@pytest.mark.parametrize("prompt,seed,steps,guidance,negative", [
+    (PROMPTS[0], 3, None, None, None),                 # profile defaults, default negative ""
+    (PROMPTS[1], 11, 3, 4.0, "blurry dark picture"),   # request overrides
+])
+def test_runner_equals_ltx2pipeline(runner, pipe, prompt, seed, steps, guidance, negative):
+    import av
+
+    params = runner.resolve(prompt=prompt, seed=seed, steps=steps, guidance=guidance,
+                            negative_prompt=negative)
+    state, result = runner._run(params)
+    out = pipe(prompt, negative_prompt=negative, generator=torch.Generator("cpu").manual_seed(seed),
+               num_inference_steps=params.steps, guidance_scale=params.guidance, height=32, width=32,
+               num_frames=9, frame_rate=24.0, stg_scale=0.0, modality_scale=1.0, audio_stg_scale=0.0,
+               audio_modality_scale=1.0, max_sequence_length=16, output_type="np")
+    ref = (out.frames[0] * 255).round().astype("uint8")
+    assert result.video.shape == ref.shape == (9, 32, 32, 3) and result.fps == 24.0
+    assert result.video.std() > 0
+    worst = min(psnr(a, b) for a, b in zip(result.video, ref))
+    assert worst >= 40.0, f"worst frame PSNR {worst:.1f} dB"
+    assert np.array_equal(result.video, ref), f"worst frame PSNR {worst:.1f} dB"
+    assert state.audio.shape == tuple(out.audio[0].shape) and state.sample_rate == 16000
+    assert np.abs(state.audio - out.audio[0].numpy()).max() <= ATOL
+    with av.open(io.BytesIO(result.mp4)) as container:  # the runner muxed the waveform as AAC
+        assert len(container.streams.video) == 1 and len(container.streams.audio) == 1
+
+
+def test_invalid_inputs_are_refused(programs, runner):
+    from difflet.runtime.host import ltx2
+
+    ids = torch.zeros(1, 16, dtype=torch.int64)
+    with pytest.raises(DiffletError, match=r"valid_text must be int64\[\]"):
+        programs["text_encoder"](ids, torch.tensor([5]))
+    # 12 fps would make the pipeline draw 19 audio latent frames; the profile compiled 9
+    with pytest.raises(DiffletError, match="profile audio = 9 latent frames") as err:
+        ltx2.geometry(runner.env, 12.0)
+    assert "profile.audio" in str(err.value)
+    with pytest.raises(DiffletError, match="height"):
+        runner.resolve(prompt="a cat", seed=0, height=64)
+
+
+def test_warm_up_checks_the_video(runner):
+    result = runner.warm_up()
+    assert result.media[1] == "mp4" and result.video.shape == (9, 32, 32, 3)
