@@ -201,3 +201,18 @@ def test_bad_guidance_mode_and_template_are_clear_errors(runner, tmp_path):
     with pytest.raises(DiffletError) as err:
         runner.resolve(prompt="a cat", seed=0, negative_prompt=3)
     assert err.value.where == "negative_prompt"
+
+
+def test_tiny_tokenizer_splits_the_template_like_qwen2tokenizer(pipe):
+    """The pipeline drops a fixed 34 tokens: the tiny tokenizer must put the prompt right there."""
+    ids = _template_ids(pipe, "a red fox", padded=False).input_ids[0]
+    tokens = pipe.tokenizer.convert_ids_to_tokens(ids.tolist())
+    assert tokens[DROP - 3:DROP + 3] == ["<|im_start|>", "user", "\n", "a", "red", "fox"]
+    assert tokens[-5:] == ["<|im_end|>", "\n", "<|im_start|>", "assistant", "\n"]
+
+
+def test_warm_up_and_step_caching_run_with_true_cfg(runner):
+    assert runner.warm_up().png.startswith(b"\x89PNG")
+    params = runner.resolve(prompt="a red fox in the snow", seed=1, steps=12, cache="cadence:2")
+    result = runner.generate(params)
+    assert result.stats["cached_steps"] > 0 and result.image.std() > 0
