@@ -60,7 +60,7 @@ denoiser transformer = diffusers.HunyuanVideoTransformer3DModel from "transforme
     }
     dtype dtype
     input hidden_states:          dtype[1, 4, (frames - 1) / 4 + 1, height / 4, width / 4]
-    input timestep:               dtype[1]
+    input timestep:               float32[1]   # the pipeline passes the fp32 timestep
     input encoder_hidden_states:  dtype[1, max_text, 32]
     input pooled_projections:     dtype[1, 32]
     input guidance:               float32[1]

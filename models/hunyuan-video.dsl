@@ -60,7 +60,7 @@ denoiser transformer = diffusers.HunyuanVideoTransformer3DModel from "transforme
     }
     dtype dtype
     input hidden_states:          dtype[1, 16, (frames - 1) / 4 + 1, height / 8, width / 8]
-    input timestep:               dtype[1]
+    input timestep:               float32[1]   # the pipeline passes the fp32 timestep
     input encoder_hidden_states:  dtype[1, max_text, 4096]
     # no mask input: the program builds encoder_attention_mask from valid_text
     input pooled_projections:     dtype[1, 768]

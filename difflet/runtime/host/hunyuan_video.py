@@ -21,6 +21,7 @@ from difflet.ir.nodes import Node, Op
 from difflet.runtime.host import host_step
 from difflet.runtime.host.flux import class_config_value, make_scheduler
 from difflet.runtime.host.loop import cached_loop
+from difflet.runtime.invoke import torch_dtype
 from difflet.runtime.schedule import HostEnv, RequestState
 
 DEFAULT_FPS = 15  # the model card's export_to_video(..., fps=15)
@@ -159,7 +160,9 @@ def denoise(env: HostEnv, step: Node, state: RequestState) -> None:
     embedded = float(spec.get("embedded", state.params.guidance)) if mode == "true_cfg" \
         else state.params.guidance
     cfg_scale = state.params.guidance if mode == "true_cfg" else 1.0
-    state.values["guidance"] = torch.tensor([embedded], dtype=torch.float32) * 1000.0
+    # built in the transformer's dtype as the pipeline does (bf16 rounds 6000), crossing as fp32
+    dtype = torch_dtype(env.component(transformer).attrs.get("dtype", "float32"))
+    state.values["guidance"] = (torch.tensor([embedded], dtype=dtype) * 1000.0).float()
 
     def predict(latents: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         out = env.invoke(transformer, **denoiser_inputs(state, "cond", latents, t))
@@ -185,8 +188,10 @@ def decode(env: HostEnv, step: Node, state: RequestState) -> None:
     (vae_name,) = step.args
     vae = env.component(vae_name)
     scaling = class_config_value(vae, "scaling_factor")
-    z_name = vae.find(Op.INPUT)[0].name
-    video = next(iter(env.invoke(vae_name, **{z_name: state.values["latents"] / scaling}).values()))
+    z = vae.find(Op.INPUT)[0]
+    # the pipeline casts to the VAE's dtype before dividing (the order matters below fp32)
+    latents = state.values["latents"].to(torch_dtype(z.results[0].type.dtype)) / scaling
+    video = next(iter(env.invoke(vae_name, **{z.name: latents}).values()))
     state.values["decoded"] = video
     spatial = _shape(vae, Op.OUTPUT)[-2] // _shape(vae, Op.INPUT)[-2]
     frames = VideoProcessor(vae_scale_factor=spatial).postprocess_video(video, output_type="np")
