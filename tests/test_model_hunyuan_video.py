@@ -198,3 +198,10 @@ def test_true_cfg_schedule_matches_the_pipelines_true_cfg(module, ckpt, pipe, tm
                                            negative_prompt="dark blurry")).video
     assert not np.array_equal(plain, ours)  # the uncond branch moved the output
     assert min(psnr(a, b) for a, b in zip(ours, ref)) >= 40.0
+
+
+def test_cadence_step_caching_runs_the_hunyuan_loop(runner):
+    """The shared cached loop drives this family: 14 steps, keep 5 + 5, cadence 2 -> 2 cached."""
+    result = runner.generate(runner.resolve(prompt=PROMPT, seed=1, steps=14, cache="cadence:2"))
+    assert result.stats["schedule"] == "FFFFFFCFCFFFFF" and result.stats["denoiser_calls"] == 12
+    assert result.video.std() > 0
