@@ -63,6 +63,9 @@ def guidance_mode(step: Node) -> str:
 
 def encode_text(env: HostEnv, encoder: Node, text_len: int, prompt: str) -> tuple[torch.Tensor, int]:
     """One prompt -> (embeddings [1, T, D] zero-padded after the valid rows, valid row count)."""
+    if "template" not in env.profile:
+        raise DiffletError("the profile needs `template`, the prompt-template tokens the pipeline drops "
+                           "(34 for Qwen-Image)", where="template")
     drop = int(env.profile["template"])
     tokenizer, max_length = _tokenizer(env, encoder)
     static = _input_shape(encoder, "input_ids")[1]
@@ -102,9 +105,12 @@ def prepare_latents(env: HostEnv, step: Node, state: RequestState) -> None:
 
     params = state.params
     channels, height, width = latent_geometry(env, params.height, params.width)
+    denoiser = env.module.components("denoiser")[0]
+    (hidden,) = (n.results[0].type for n in denoiser.find(Op.INPUT, "hidden_states"))
     generator = torch.Generator("cpu").manual_seed(params.seed)
+    # drawn in the text embeddings' dtype, as the pipeline does (= the denoiser's dtype)
     noise = randn_tensor((1, 1, channels, height, width), generator=generator,
-                         device=torch.device("cpu"), dtype=torch.float32)
+                         device=torch.device("cpu"), dtype=getattr(torch, hidden.dtype))
     state.values["latents"] = pack_latents(noise.view(1, channels, height, width))
 
 
@@ -169,7 +175,9 @@ def decode(env: HostEnv, step: Node, state: RequestState) -> None:
     channels, height, width = latent_geometry(env, state.params.height, state.params.width)
     latents = state.values["latents"]
     latents = latents.view(1, height // 2, width // 2, channels, 2, 2).permute(0, 3, 1, 4, 2, 5)
-    latents = latents.reshape(1, channels, 1, height, width)
+    z_name = vae.find(Op.INPUT)[0].name
+    z_dtype = getattr(torch, vae.find(Op.INPUT)[0].results[0].type.dtype)
+    latents = latents.reshape(1, channels, 1, height, width).to(z_dtype)  # the pipeline's .to(vae.dtype)
     mean, std = (class_config_value(vae, k) for k in ("latents_mean", "latents_std"))
     if len(mean) != channels or len(std) != channels:
         raise DiffletError(f"VAE {vae_name!r}: latents_mean/latents_std need {channels} entries "
@@ -177,7 +185,6 @@ def decode(env: HostEnv, step: Node, state: RequestState) -> None:
     mean = torch.tensor(mean).view(1, channels, 1, 1, 1).to(latents.dtype)
     inv_std = 1.0 / torch.tensor(std).view(1, channels, 1, 1, 1).to(latents.dtype)
     latents = latents / inv_std + mean
-    z_name = vae.find(Op.INPUT)[0].name
     decoded = next(iter(env.invoke(vae_name, **{z_name: latents}).values()))
     state.values["decoded"] = decoded
     image = decoded[:, :, 0]
