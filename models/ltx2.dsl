@@ -88,7 +88,7 @@ decoder audio_vae = diffusers.AutoencoderKLLTX2Audio from "audio_vae" {
     config { latent_channels: 8, mel_bins: 64, output_channels: 2, sample_rate: 16000, mel_hop_length: 160 }
     entry decode
     dtype dtype
-    input  z: dtype[1, 8, audio, 16]
+    input  z: float32[1, 8, audio, 16]   # denormalized in float32 as the pipeline does
     output mel: dtype[1, 2, 4 * audio - 3, 64] select "sample"
 }
 

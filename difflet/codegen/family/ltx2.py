@@ -5,7 +5,8 @@ Invariants:
   computing exactly what LTX2Pipeline does around that module call (operation for operation).
 - The prompt's padding never crosses as a mask: the Gemma tokenizer pads LEFT (the pipeline forces
   it), so the valid tokens are the last `valid_text` positions; the encoder and the connectors build
-  that mask inside the program from the 0-d `valid_text` runtime input.
+  that mask inside the program from `valid_text`, a 0-d int64 tensor input (build.py routes
+  RuntimeType inputs only to attention sites, and these components have none).
 - The connectors replace the padding with learnable registers, so their output mask is all ones
   and the transformer takes no mask (the host refuses connectors without registers).
 - Latent (de)normalization uses the VAEs' `latents_mean`/`latents_std` buffers, which live in the
@@ -113,7 +114,8 @@ class VideoDecodeProgram(torch.nn.Module):
 
 class AudioDecodeProgram(torch.nn.Module):
     """Normalized audio latents [1, C, L, M] -> mel: the pipeline denormalizes the packed
-    [1, L, C*M] latents with the audio VAE buffers, unpacks, then audio_vae.decode."""
+    [1, L, C*M] latents with the audio VAE buffers in the latents' dtype (float32 in the
+    pipeline, so declare z float32), unpacks, casts to the VAE's dtype, then audio_vae.decode."""
 
     def __init__(self, model: torch.nn.Module, node: Node) -> None:
         super().__init__()
@@ -123,7 +125,7 @@ class AudioDecodeProgram(torch.nn.Module):
         mel_bins = z.shape[3]
         packed = z.transpose(1, 2).flatten(2, 3)
         packed = packed * self.model.latents_std.to(z.dtype) + self.model.latents_mean.to(z.dtype)
-        z = packed.unflatten(2, (-1, mel_bins)).transpose(1, 2)
+        z = packed.unflatten(2, (-1, mel_bins)).transpose(1, 2).to(self.model.dtype)
         return (self.model.decode(z, return_dict=False)[0],)
 
 
