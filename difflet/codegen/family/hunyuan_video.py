@@ -7,8 +7,10 @@ Invariants:
 - The dual- and single-stream attention sites compute q/k/v exactly as diffusers'
   HunyuanVideoAttnProcessor2_0 and differ only in the attention call: the joint bounded op over
   [visual, text] keys with bounds [0, V + valid_text), where valid_text is read back from the key
-  mask the model built (from valid_text) — softmax over the same keys as diffusers' masked SDPA.
-- The Llama program returns hidden_states[-(SKIP + 1)] (the pipeline's num_hidden_layers_to_skip
+  mask the model built (from valid_text; batch 1) — softmax over the same keys as diffusers'
+  masked SDPA. The token refiner's self-attention keeps diffusers' processor (the shared
+  install_attention installs processors at joint sites only).
+- The Llama program returns hidden_states[-(SKIP_LAYERS + 1)] (the pipeline's num_hidden_layers_to_skip
   = 2) of an unmasked causal run over right-padded ids: causal attention and positions
   0..L-1 make every valid row independent of the padding after it.
 """
