@@ -118,9 +118,16 @@ def encode_prompt(env: HostEnv, step: Node, state: RequestState) -> None:
 
 def geometry(env: HostEnv, frame_rate: float) -> dict:
     """Latent shapes from the IR, checked against the pipeline's frame and audio-length formulas."""
-    vae, audio_vae = (env.component(n) for n in state_decoders(env)[:2])
+    vae, audio_vae = (env.component(n) for n in _decoders(env)[:2])
     _, (_, channels, frames, height, width) = _first_input(vae)
     _, (_, a_channels, a_frames, a_mel) = _first_input(audio_vae)
+    transformer = env.component(_denoise_step(env).args[0])
+    p, pt = class_config_value(transformer, "patch_size"), class_config_value(transformer, "patch_size_t")
+    tokens = _input_shape(transformer, "hidden_states")[1]
+    if tokens != (frames // pt) * (height // p) * (width // p):
+        raise DiffletError(f"transformer hidden_states has {tokens} tokens, the VAE latent "
+                           f"{frames}x{height}x{width} packs to "
+                           f"{(frames // pt) * (height // p) * (width // p)}", where=transformer.loc)
     profile = env.profile
     sample_rate = class_config_value(audio_vae, "sample_rate")
     hop = class_config_value(audio_vae, "mel_hop_length")
@@ -137,7 +144,7 @@ def geometry(env: HostEnv, frame_rate: float) -> dict:
     return dict(video=(1, channels, frames, height, width), audio=(1, a_channels, a_frames, a_mel))
 
 
-def state_decoders(env: HostEnv) -> list[str]:
+def _decoders(env: HostEnv) -> list[str]:
     for sched in env.module.find(Op.SCHEDULE):
         for step in sched.body:
             if step.op == Op.STEP and step.name == "ltx2.decode":
