@@ -14,7 +14,7 @@ from difflet.passes.targets import load_target
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "tests" / "golden" / "passes"
-PINNED = dict(compiler_version="torch==pinned-for-golden")
+PINNED = dict(compiler_version="torch==pinned-for-golden", difflet_version="0.1.0")
 
 
 @pytest.fixture(scope="module")
@@ -120,3 +120,18 @@ def test_cache_key_of_a_world1_component_ignores_its_placement(tiny):
     for name in ("text_encoder", "text_encoder_2", "vae"):
         assert _key(split, name) == _key(base, name)
     assert _key(split) != _key(base)
+
+
+def test_program_source_digest_follows_codegen_and_hook_sources_only(tmp_path):
+    from difflet.passes.cache_key import difflet_version, program_source_digest
+
+    hook = tmp_path / "difflet" / "codegen" / "family" / "fam.py"
+    hook.parent.mkdir(parents=True)
+    hook.write_text("PROCESSORS = {}\n")
+    (tmp_path / "README.md").write_text("docs\n")
+    first = program_source_digest(tmp_path)
+    (tmp_path / "README.md").write_text("other docs\n")
+    assert program_source_digest.__wrapped__(tmp_path) == first  # not a program source
+    hook.write_text("PROCESSORS = {'x': None}\n")
+    assert program_source_digest.__wrapped__(tmp_path) != first  # an edited hook misses the store
+    assert difflet_version().endswith("+src." + program_source_digest())

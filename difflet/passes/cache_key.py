@@ -5,7 +5,9 @@ the component's class, config, entry, dtype and probe attrs; its input/output na
 types (shapes, dtypes, runtime ranges) with their select/alias/state attrs; its attention
 sites; its planned layout node (attrs and body; for a world-1 layout without its placement:
 ranks, replicas and groups read as one copy on rank 0); the backend; the compiler version; the
-Difflet version; whether a probe is carried.
+Difflet version, which includes a digest of the source that decides what a program computes
+(codegen with its family hooks, parallel, kernels), so editing a processor or program wrapper
+never reuses a stale program; whether a probe is carried.
 A world-1 program is the same program wherever and however often it is placed, so a TP1
 encoder keys (and compiles) the same in a tp1 and a tp2cp2 plan; a split layout keeps its
 placement, which its rank programs' collectives depend on.
@@ -15,9 +17,11 @@ source locations. So changing a runtime setting recompiles nothing.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import json
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -42,13 +46,30 @@ def compiler_version(backend: str) -> str:
     return f"{COMPILERS.get(backend, backend)}=={package_version(COMPILERS.get(backend, backend))}"
 
 
+# Source trees (relative to the directory holding the difflet package) that programs are built from.
+PROGRAM_SOURCES = ("difflet/codegen", "difflet/parallel", "kernels")
+
+
+@functools.lru_cache(maxsize=4)
+def program_source_digest(root: Path | None = None) -> str:
+    """12 hex digits over the .py/.cpp files of PROGRAM_SOURCES under `root` (default: where
+    difflet is installed), path and bytes, in sorted order."""
+    root = root or Path(__file__).resolve().parents[2]
+    h = hashlib.sha256()
+    for tree in PROGRAM_SOURCES:
+        for path in sorted((root / tree).rglob("*")):
+            if path.suffix in (".py", ".cpp") and path.is_file():
+                h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:12]
+
+
 def difflet_version() -> str:
     v = package_version("difflet")
     if v == "absent":
         import difflet
 
         v = difflet.__version__
-    return v
+    return f"{v}+src.{program_source_digest()}"
 
 
 def _plain(v: Any) -> Any:

@@ -31,6 +31,7 @@ class Options:
     target: str = "cpu"
     backend: str = "inductor"
     compiler_version: str = ""
+    difflet_version: str | None = None  # None = the installed Difflet (+ program-source digest)
     probe: str = "none"
     cores: int | None = None
     component_tp: Mapping[str, int] = field(default_factory=dict)
@@ -73,7 +74,7 @@ def _legality(m: Module, o: Options) -> Module:
 
 
 def _cache_key(m: Module, o: Options) -> Module:
-    return cache_key.assign_cache_keys(m, o.backend, o.compiler_version)
+    return cache_key.assign_cache_keys(m, o.backend, o.compiler_version, o.difflet_version)
 
 
 def _verify(m: Module, o: Options) -> Module:
@@ -103,17 +104,19 @@ PASSES: list[tuple[str, Callable[[Module, Options], Module]]] = [
 def optimize(module: Module, parallel: str = "tp1", target: str = "cpu", backend: str | None = None,
              compiler_version: str | None = None, probe: str = "none", attention: str | None = None,
              cores: int | None = None, component_tp: Mapping[str, int] | None = None,
-             passes: list[str] | None = None) -> Module:
+             passes: list[str] | None = None, difflet_version: str | None = None) -> Module:
     """Run PASSES (or the named subset, in PASSES order) and return the planned module.
 
     backend None = the target's first backend; compiler_version None = read from the installed
-    compiler package (torch for inductor, neuronx-cc for neuron) without importing it.
+    compiler package (torch for inductor, neuronx-cc for neuron) without importing it;
+    difflet_version None = the installed version plus the program-source digest (golden tests pin it).
     """
     table = load_target(target)
     backend = backend or table["backends"][0]
     opts = Options(parallel=parse_parallel(parallel, attention), target=target, backend=backend,
                    compiler_version=compiler_version or cache_key.compiler_version(backend),
-                   probe=probe, cores=cores, component_tp=dict(component_tp or {}))
+                   difflet_version=difflet_version, probe=probe, cores=cores,
+                   component_tp=dict(component_tp or {}))
     for name, run in PASSES:
         if passes is None or name in passes:
             module = run(module, opts)
