@@ -1,0 +1,66 @@
+"""Wan 2.1 codegen hooks: WanPipeline checkpoints, the masked UMT5 program, the chunked VAE decoder.
+
+Invariants:
+- The UMT5 program takes padded input_ids and `valid_text` (0-d int64, the prompt's token count),
+  builds the attention mask from it, and returns last_hidden_state with rows >= valid_text zeroed:
+  exactly WanPipeline's `_get_t5_prompt_embeds` (mask, encode, cut, zero-pad) for one prompt.
+- The VAE decodes one latent frame per call (difflet.codegen.family.wan_vae): a component with
+  cache inputs is a later chunk, one without is the first. The transformer needs no hook: it
+  attends the zero-padded text unmasked, so its stock attention compiles as is.
+- A wrapper whose IR does not have its inputs (e.g. another family's UMT5) falls back to the
+  generic ProgramModule.
+"""
+from __future__ import annotations
+
+import torch
+
+from difflet.codegen.family import wan_loading
+from difflet.ir.nodes import Node, Op
+
+wan_loading.install()  # WanTransformer3DModel.from_pretrained without accelerate (see wan_loading)
+
+PIPELINE_CLASS = "WanPipeline"
+# WanPipeline's optional Wan 2.2 low-noise transformer; absent in Wan 2.1
+INDEX_EXTRAS = {"transformer_2": [None, None]}
+
+
+def _input_names(node: Node) -> list[str]:
+    return [n.name for n in node.find(Op.INPUT)]
+
+
+class MaskedUMT5Encoder(torch.nn.Module):
+    """(input_ids [1, T], valid_text 0-d) -> (last_hidden_state [1, T, D] zero from valid_text on,)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, valid_text: torch.Tensor) -> tuple[torch.Tensor]:
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        keep = positions[None, :] < valid_text  # the tokenizer's attention mask: right padding
+        hidden = self.model(input_ids=input_ids, attention_mask=keep.to(torch.int64)).last_hidden_state
+        # WanPipeline keeps u[:len] and appends zeros: select, so the kept rows are untouched
+        return (torch.where(keep[..., None], hidden, torch.zeros_like(hidden)),)
+
+
+def wrap_umt5(model: torch.nn.Module, node: Node) -> torch.nn.Module:
+    from difflet.codegen.build import ProgramModule
+
+    if _input_names(node) != ["input_ids", "valid_text"]:
+        return ProgramModule(model, node)
+    return MaskedUMT5Encoder(model)
+
+
+def wrap_vae(model: torch.nn.Module, node: Node) -> torch.nn.Module:
+    from difflet.codegen.build import ProgramModule
+    from difflet.codegen.family.wan_vae import WanChunkDecoder
+
+    if [o.name for o in node.find(Op.OUTPUT)][1:2] != ["next_cache0"]:
+        return ProgramModule(model, node)  # a whole-clip `decode`
+    return WanChunkDecoder(model, node)
+
+
+PROGRAM_WRAPPERS = {
+    "transformers.UMT5EncoderModel": wrap_umt5,
+    "diffusers.AutoencoderKLWan": wrap_vae,
+}

@@ -1,0 +1,109 @@
+"""AutoencoderKLWan's causal decode as fixed-size chunk programs: one latent frame per call.
+
+AutoencoderKLWan._decode runs its decoder once per latent frame, each causal conv reading a
+feature cache of the previous frames (`feat_cache`: the last <= 2 input frames per conv, the
+string "Rep" for a temporal upsampler that has seen only the first chunk). Here that cache is
+explicit tensors, so the host loops over frames and each program has a static shape:
+
+- first chunk: z [1, C, 1, h, w] -> (frames [1, 3, 1, H, W], caches...)  (first_chunk=True)
+- later chunk: (z, caches...) -> (frames [1, 3, 4, H, W], caches...)
+
+Invariants:
+- Every cache slot is two frames. Where diffusers holds fewer (one frame after the first chunk,
+  "Rep"), the missing frames are zeros: a causal conv zero-pads exactly those frames, so
+  cat([zeros, cache, x]) is the very tensor the reference convolves, and "Rep" (time_conv
+  without cache, cache_x = [zeros, x]) is the two-zero-frame cache. Hence bit-faithful.
+- Slots are grouped by spatial level (in order of first use) and concatenated over channels:
+  IR input `cache<k>` / output `next_cache<k>` is level k, slots in decoder order.
+- post_quant_conv (1x1x1) is applied per chunk, clamp(-1, 1) per output frame: both per frame.
+"""
+from __future__ import annotations
+
+import torch
+
+from difflet.errors import DiffletError
+from difflet.ir.nodes import Node, Op
+
+
+def _run_decoder(vae, z: torch.Tensor, caches: list | None):
+    """One diffusers decoder call on latent frame z; returns (frames, caches used, in order)."""
+    feat_cache = list(caches) if caches is not None else [None] * vae._cached_conv_counts["decoder"]
+    feat_idx = [0]
+    out = vae.decoder(vae.post_quant_conv(z), feat_cache=feat_cache, feat_idx=feat_idx,
+                      first_chunk=caches is None)
+    return torch.clamp(out, min=-1.0, max=1.0), feat_cache[: feat_idx[0]]
+
+
+def cache_layout(vae, z_shape: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """(channels, height, width) of every cache slot in decoder order, from a shape-only run
+    (fake tensors: no compute) of a first and a second chunk (a "Rep" slot gets its shape in
+    the second)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True):
+        z = torch.zeros(z_shape)
+        _, first = _run_decoder(vae, z, None)
+        _, second = _run_decoder(vae, z, [c if isinstance(c, str) else _pad_two(c) for c in first])
+    return [(c.shape[1], c.shape[3], c.shape[4]) for c in second]
+
+
+def _pad_two(c: torch.Tensor) -> torch.Tensor:
+    """A cache of < 2 frames as two frames, zeros first (what the causal conv would pad)."""
+    if c.shape[2] >= 2:
+        return c
+    return torch.cat([torch.zeros_like(c[:, :, :1]).expand(-1, -1, 2 - c.shape[2], -1, -1), c], dim=2)
+
+
+class WanChunkDecoder(torch.nn.Module):
+    """The program for one decode chunk; which one (first/later) follows from the IR's inputs."""
+
+    def __init__(self, vae: torch.nn.Module, node: Node) -> None:
+        super().__init__()
+        self.vae = vae
+        inputs = [n for n in node.find(Op.INPUT)]
+        self.first = len(inputs) == 1
+        z_shape = tuple(inputs[0].results[0].type.shape)
+        if len(z_shape) != 5 or z_shape[0] != 1 or z_shape[2] != 1:
+            raise DiffletError(f"decoder input {inputs[0].name!r} must be one latent frame "
+                               f"[1, C, 1, h, w], got {list(z_shape)}", where=inputs[0].loc)
+        self.slots = cache_layout(vae, z_shape)
+        levels: list[tuple[int, int]] = []
+        for _, h, w in self.slots:
+            if (h, w) not in levels:
+                levels.append((h, w))
+        self.level_of = [levels.index((h, w)) for _, h, w in self.slots]
+        want = [[1, sum(c for (c, *_), lv in zip(self.slots, self.level_of) if lv == k), 2, h, w]
+                for k, (h, w) in enumerate(levels)]
+        declared = [("output", n) for n in node.find(Op.OUTPUT)[1:]]
+        if not self.first:
+            declared += [("input", n) for n in inputs[1:]]
+        if len(declared) != len(want) * (1 if self.first else 2):
+            raise DiffletError(f"decoder {node.name!r} must declare {len(want)} cache levels "
+                               f"{'out' if self.first else 'in and out'} (the model's causal caches: "
+                               f"{want}), it declares {len(declared)} cache tensors", where=node.loc)
+        dtype = node.attrs.get("dtype", "float32")  # caches carry the decoder's activations
+        for i, (kind, decl) in enumerate(declared):
+            have, level = decl.results[0].type, i % len(want)
+            if list(have.shape) != want[level] or have.dtype != dtype:
+                raise DiffletError(f"decoder {node.name!r} {kind} {decl.name!r} must be "
+                                   f"{dtype}{want[level]} (the model's causal caches at level "
+                                   f"{level}), got {have.dtype}{list(have.shape)}", where=decl.loc)
+
+    def _split(self, levels: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+        parts = [list(t.split([c for (c, *_), lv in zip(self.slots, self.level_of) if lv == k], dim=1))
+                 for k, t in enumerate(levels)]
+        return [parts[lv].pop(0) for lv in self.level_of]
+
+    def _join(self, caches: list) -> tuple[torch.Tensor, ...]:
+        n = max(self.level_of) + 1
+        return tuple(torch.cat([c for c, lv in zip(caches, self.level_of) if lv == k], dim=1)
+                     for k in range(n))
+
+    def forward(self, z: torch.Tensor, *levels: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.first:
+            frames, caches = _run_decoder(self.vae, z, None)
+            caches = [torch.zeros(1, c, 2, h, w, dtype=z.dtype, device=z.device) if isinstance(x, str)
+                      else _pad_two(x) for x, (c, h, w) in zip(caches, self.slots)]
+        else:
+            frames, caches = _run_decoder(self.vae, z, self._split(levels))
+        return (frames, *self._join(caches))
