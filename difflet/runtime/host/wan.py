@@ -1,0 +1,195 @@
+"""Wan 2.1 T2V host steps, matching diffusers' WanPipeline (pipeline_wan.py) operation for operation.
+
+Invariants:
+- Shapes come from the IR (program input/output types), never from a diffusers config: latent
+  shape = the transformer's hidden_states input; frames per decode chunk = the decoders' outputs.
+- Prompts are cleaned as WanPipeline's prompt_clean does (ftfy when installed, html unescape
+  twice, whitespace collapsed), tokenized padded to max_length with truncation; the encoder
+  program gets the padded ids and the token count (`valid_text`) and returns the embeddings
+  zero past it, which is what the pipeline cuts and zero-pads.
+- True CFG when guidance > 1 (WanPipeline's do_classifier_free_guidance): two batch-1
+  transformer calls per step, noise = uncond + scale * (cond - uncond); the negative prompt
+  defaults to "" as in the pipeline. Guidance <= 1 is one call per step.
+- Sampling state (CPU generator seeded with the request seed, a fresh scheduler) lives in
+  `RequestState`; the scheduler is the step's `scheduler:` attrs, set_timesteps(steps) only.
+- Decode: latents / (1 / latents_std) + latents_mean, then the first-chunk program on latent
+  frame 0 and the chunk program on every later frame, caches carried between the calls.
+"""
+from __future__ import annotations
+
+import html
+
+import numpy as np
+import torch
+
+from difflet.errors import DiffletError
+from difflet.ir.nodes import Node, Op
+from difflet.runtime.host import host_step
+from difflet.runtime.host.flux import class_config_value, make_scheduler
+from difflet.runtime.host.loop import cached_loop
+from difflet.runtime.schedule import HostEnv, RequestState
+
+WAN_FPS = 16  # the fps WanPipeline's examples export at (export_to_video(..., fps=16))
+
+
+def prompt_clean(text: str) -> str:
+    """WanPipeline's prompt_clean: basic_clean (ftfy if installed, html unescape x2, strip),
+    then whitespace runs -> one space, strip."""
+    import regex
+
+    try:
+        import ftfy
+    except ImportError:  # the pipeline skips ftfy when it is not installed, and so do we
+        ftfy = None
+    if ftfy is not None:
+        text = ftfy.fix_text(text)
+    text = html.unescape(html.unescape(text)).strip()
+    return regex.sub(r"\s+", " ", text).strip()
+
+
+def _input_type(component: Node, name: str):
+    for node in component.find(Op.INPUT, name):
+        return node.results[0].type
+    raise DiffletError(f"component {component.name!r} has no input {name!r}", where=component.loc)
+
+
+def _tokenizer(env: HostEnv, component: Node):
+    spec = component.attrs.get("tokenizer")
+    if spec is None:
+        raise DiffletError(f"text encoder {component.name!r} declares no tokenizer", where=component.loc)
+
+    def load():
+        from transformers import AutoTokenizer
+
+        path = env.host_dir / spec["subfolder"]
+        if not path.is_dir():
+            raise DiffletError("tokenizer directory missing from the artifacts", where=str(path))
+        return AutoTokenizer.from_pretrained(str(path))
+
+    return env.asset(f"tokenizer:{component.name}", load), int(spec["max_length"])
+
+
+def tokenize(env: HostEnv, component: Node, prompt: str) -> tuple[torch.Tensor, int]:
+    """(input_ids [1, max_length], valid token count) of the cleaned prompt, as WanPipeline does."""
+    tokenizer, max_length = _tokenizer(env, component)
+    out = tokenizer([prompt_clean(prompt)], padding="max_length", max_length=max_length,
+                    truncation=True, add_special_tokens=True, return_attention_mask=True,
+                    return_tensors="pt")
+    return out.input_ids, int(out.attention_mask.gt(0).sum())
+
+
+def encode(env: HostEnv, encoder: Node, prompt: str) -> torch.Tensor:
+    ids, valid = tokenize(env, encoder, prompt)
+    names = [n.name for n in encoder.find(Op.INPUT)]
+    if names != ["input_ids", "valid_text"]:  # an unmasked encoder would change the valid rows
+        raise DiffletError(f"text encoder {encoder.name!r} must take (input_ids, valid_text), "
+                           f"takes {names}", where=encoder.loc)
+    out = env.invoke(encoder.name, input_ids=ids, valid_text=torch.tensor(valid, dtype=torch.int64))
+    return next(iter(out.values()))
+
+
+@host_step("wan.encode_prompt", phase="encode")
+def encode_prompt(env: HostEnv, step: Node, state: RequestState) -> None:
+    """UMT5 embeddings of the prompt, and of the negative prompt when CFG is on (guidance > 1)."""
+    (name,) = step.args
+    encoder = env.component(name)
+    params = state.params
+    state.values["prompt_embeds"] = encode(env, encoder, params.prompt)
+    if params.guidance > 1.0:
+        negative = params.negative_prompt or ""  # WanPipeline: `negative_prompt or ""`
+        state.values["negative_prompt_embeds"] = encode(env, encoder, negative)
+
+
+def _transformer(env: HostEnv) -> Node:
+    denoisers = env.module.components("denoiser")
+    if len(denoisers) != 1:
+        raise DiffletError(f"wan needs one denoiser, the module has {len(denoisers)}", where="schedule")
+    return denoisers[0]
+
+
+@host_step("wan.prepare_latents", phase="denoise")
+def prepare_latents(env: HostEnv, step: Node, state: RequestState) -> None:
+    """Seeded noise [1, C, F_latent, h, w] from a CPU generator, float32 (the reference's draw)."""
+    from diffusers.utils.torch_utils import randn_tensor
+
+    frames = int(env.profile["frames"]) if "frames" in env.profile else None
+    if frames is None or frames < 1 or (frames - 1) % 4:
+        raise DiffletError(f"frames: the profile's frame count must be 4k + 1 (Wan's VAE compresses "
+                           f"time 4x after the first frame), got {frames}", where="frames")
+    shape = tuple(_input_type(_transformer(env), "hidden_states").shape)
+    if shape[2] != (frames - 1) // 4 + 1:
+        raise DiffletError(f"frames: {frames} frames need {(frames - 1) // 4 + 1} latent frames, the "
+                           f"transformer's hidden_states has {shape[2]}", where="frames")
+    generator = torch.Generator("cpu").manual_seed(state.params.seed)
+    state.values["latents"] = randn_tensor(shape, generator=generator, device=torch.device("cpu"),
+                                           dtype=torch.float32)
+
+
+def predict_noise(env: HostEnv, name: str, state: RequestState, latents: torch.Tensor,
+                  t: torch.Tensor) -> torch.Tensor:
+    """One step's model output: cond (and uncond + CFG combine when guidance > 1)."""
+    timestep, extra = t.expand(latents.shape[0]), state.values["denoise_extra"]
+    cond = next(iter(env.invoke(name, hidden_states=latents, timestep=timestep,
+                                encoder_hidden_states=state.values["prompt_embeds"], **extra).values()))
+    if "negative_prompt_embeds" not in state.values:
+        return cond
+    uncond = next(iter(env.invoke(name, hidden_states=latents, timestep=timestep,
+                                  encoder_hidden_states=state.values["negative_prompt_embeds"],
+                                  **extra).values()))
+    return uncond + state.params.guidance * (cond - uncond)
+
+
+@host_step("wan.denoise", phase="denoise")
+def denoise(env: HostEnv, step: Node, state: RequestState) -> None:
+    """The step's scheduler (UniPC flow for Wan 2.1) over `steps` timesteps, true CFG."""
+    (name,) = step.args
+    guidance = step.attrs.get("guidance")
+    mode = guidance["mode"] if guidance is not None else "cfg"
+    if mode != "cfg":
+        raise DiffletError(f"wan.denoise supports guidance mode 'cfg' (true CFG), not {mode!r}",
+                           where=step.loc)
+    extra = [n.name for n in env.component(name).find(Op.INPUT)
+             if n.name not in ("hidden_states", "timestep", "encoder_hidden_states", "valid_text")]
+    if extra:  # Wan attends its zero-padded text unmasked: nothing else crosses per request
+        raise DiffletError(f"transformer {name!r} takes inputs {extra} that wan.denoise does not "
+                           f"provide", where=step.loc)
+    has_valid = bool(env.component(name).find(Op.INPUT, "valid_text"))
+    # a transformer with Difflet attention sites takes valid_text: all of the padded text is
+    # attended (zeros past the prompt), so it is the IR default, the padded length
+    state.values["denoise_extra"] = {"valid_text": env.runtime_default("valid_text")} if has_valid else {}
+    scheduler = make_scheduler(step)
+    scheduler.set_timesteps(state.params.steps, device="cpu")
+    scheduler.set_begin_index(0)
+    state.values["latents"] = cached_loop(
+        env, state, scheduler, scheduler.timesteps, state.values["latents"],
+        predict=lambda x, t: predict_noise(env, name, state, x, t))
+
+
+@host_step("wan.decode", phase="decode")
+def decode(env: HostEnv, step: Node, state: RequestState) -> None:
+    """De-normalize, decode latent frame by latent frame (first-chunk, then chunk program),
+    VideoProcessor postprocess -> uint8 [F, H, W, 3] at 16 fps."""
+    from diffusers.video_processor import VideoProcessor
+
+    if len(step.args) != 2:
+        raise DiffletError("wan.decode takes (first-chunk decoder, chunk decoder)", where=step.loc)
+    first, chunk = step.args
+    vae = env.component(chunk)
+    latents = state.values["latents"]
+    z_dim = latents.shape[1]
+    mean = torch.tensor(class_config_value(vae, "latents_mean")).view(1, z_dim, 1, 1, 1)
+    inv_std = 1.0 / torch.tensor(class_config_value(vae, "latents_std")).view(1, z_dim, 1, 1, 1)
+    latents = latents / inv_std + mean
+    out = env.invoke(first, z=latents[:, :, :1])
+    frames, caches = [out.pop("sample")], list(out.values())
+    cache_names = [n.name for n in vae.find(Op.INPUT)][1:]
+    for i in range(1, latents.shape[2]):
+        out = env.invoke(chunk, z=latents[:, :, i:i + 1], **dict(zip(cache_names, caches)))
+        frames.append(out.pop("sample"))
+        caches = list(out.values())
+    video = torch.cat(frames, dim=2)
+    state.values["decoded"] = video
+    processor = VideoProcessor(vae_scale_factor=int(env.profile["height"]) // latents.shape[3])
+    array = processor.postprocess_video(video, output_type="np")[0]
+    state.video = (array * 255).round().astype(np.uint8)
+    state.fps = float(WAN_FPS)
