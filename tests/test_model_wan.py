@@ -1,0 +1,201 @@
+"""wan2.1-tiny served by Difflet against diffusers' WanPipeline and its component classes.
+
+Oracles: UMT5EncoderModel, WanTransformer3DModel and AutoencoderKLWan loaded from the same
+random:0 checkpoint, and WanPipeline over that checkpoint run with the same prompt, seed, steps,
+guidance, negative prompt and size. The compiled programs are the ART's (AOTInductor), the
+decoder runs as Difflet's first-chunk + chunk programs with explicit causal caches.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import REPO, shared_store_dir
+from difflet.errors import DiffletError
+
+WAN_TINY_DSL = REPO / "models" / "wan2.1-tiny.dsl"
+PROMPT = "a red fox running through the snow"
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
+    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
+
+
+def _lower(text: str | None = None):
+    from difflet.frontend.lower import lower_file, lower_text
+    from difflet.passes.pipeline import optimize
+
+    module = lower_file(str(WAN_TINY_DSL)) if text is None else lower_text(text, str(WAN_TINY_DSL))
+    return optimize(module, parallel="tp1", target="cpu", backend="inductor")
+
+
+@pytest.fixture(scope="module")
+def module():
+    return _lower()
+
+
+@pytest.fixture(scope="module")
+def ckpt(module):
+    from difflet.codegen.checkpoint import resolve_weights
+
+    return resolve_weights(module, "random:0", shared_store_dir())
+
+
+@pytest.fixture(scope="module")
+def art(module, ckpt, tmp_path_factory):
+    from difflet.codegen.driver import codegen
+
+    out = tmp_path_factory.mktemp("wan-tiny-art")
+    codegen(module, str(ckpt), out, store=shared_store_dir(), log=lambda *_: None)
+    return out
+
+
+@pytest.fixture(scope="module")
+def programs(art):
+    from difflet.codegen.artifacts import load_artifacts
+
+    return load_artifacts(art).programs
+
+
+def reference_transformer(ckpt):
+    """WanTransformer3DModel built from its config.json and the checkpoint's tensors, outside
+    Difflet's loader (diffusers' from_pretrained needs accelerate for this class)."""
+    from diffusers import WanTransformer3DModel
+    from safetensors.torch import load_file
+
+    path = ckpt / "transformer"
+    model = WanTransformer3DModel.from_config(WanTransformer3DModel.load_config(str(path)))
+    model.load_state_dict(load_file(str(path / "diffusion_pytorch_model.safetensors")), strict=True)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def pipe(ckpt):
+    from diffusers import WanPipeline
+
+    pipe = WanPipeline.from_pretrained(str(ckpt), transformer=reference_transformer(ckpt))
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def run(program, *inputs):
+    with torch.inference_mode():
+        return program(*inputs)
+
+
+@pytest.mark.parametrize("prompt", [PROMPT, "a cat sitting on a big red box near the sea at night "
+                                    "under the moon with two small birds flying over a boat"])
+def test_text_encoder_program_equals_umt5_masked(programs, pipe, prompt):
+    """valid_text < max_text (padding masked, rows zeroed) and == max_text (truncated)."""
+    tok = pipe.tokenizer([prompt], padding="max_length", max_length=16, truncation=True,
+                         return_attention_mask=True, return_tensors="pt")
+    valid = int(tok.attention_mask.sum())
+    with torch.no_grad():
+        full = pipe.text_encoder(tok.input_ids, tok.attention_mask).last_hidden_state
+    want = torch.cat([full[0, :valid], full.new_zeros(16 - valid, full.shape[-1])])[None]
+    (got,) = run(programs["text_encoder"], tok.input_ids, torch.tensor(valid))
+    assert (got - want).abs().max().item() <= 1e-4
+    assert torch.equal(got[0, valid:], torch.zeros_like(got[0, valid:]))
+
+
+def test_transformer_program_equals_diffusers(programs, pipe):
+    gen = torch.Generator().manual_seed(1)
+    latents = torch.randn(1, 4, 3, 4, 4, generator=gen)
+    text = torch.randn(1, 16, 32, generator=gen)
+    text[:, 9:] = 0  # zero-padded as the pipeline passes it
+    for t in (999.0, 500.0, 12.0):
+        timestep = torch.tensor([t])
+        with torch.no_grad():
+            want = pipe.transformer(hidden_states=latents, timestep=timestep,
+                                    encoder_hidden_states=text, return_dict=False)[0]
+        (got,) = run(programs["transformer"], latents, timestep, text)
+        assert (got - want).abs().max().item() <= 1e-4
+
+
+def test_chunked_vae_programs_equal_autoencoder_decode(programs, pipe):
+    """First-chunk + chunk programs with carried caches == AutoencoderKLWan.decode (3 latent frames)."""
+    z = torch.randn(1, 4, 3, 4, 4, generator=torch.Generator().manual_seed(2)) * 1.5
+    with torch.no_grad():
+        want = pipe.vae.decode(z).sample
+    frames, *caches = run(programs["vae_first"], z[:, :, :1])
+    assert frames.shape[2] == 1
+    for i in (1, 2):
+        out, *caches = run(programs["vae"], z[:, :, i:i + 1], *caches)
+        assert out.shape[2] == 4
+        frames = torch.cat([frames, out], dim=2)
+    assert frames.shape == want.shape == (1, 3, 9, 32, 32)
+    assert (frames - want).abs().max().item() <= 1e-4
+
+
+def reference_video(pipe, profile, prompt, seed, steps, guidance, negative_prompt=None) -> np.ndarray:
+    out = pipe(prompt, negative_prompt=negative_prompt, generator=torch.Generator("cpu").manual_seed(seed),
+               num_inference_steps=steps, guidance_scale=guidance, height=profile["height"],
+               width=profile["width"], num_frames=profile["frames"],
+               max_sequence_length=profile["max_text"], output_type="np")
+    return (out.frames[0] * 255).round().astype(np.uint8)
+
+
+@pytest.fixture(scope="module")
+def runner(art):
+    from difflet.runtime.runner import ModelRunner
+
+    return ModelRunner.from_artifacts(art)
+
+
+@pytest.mark.parametrize("seed,steps,guidance,negative", [
+    (42, None, None, None),                     # profile defaults: 4 steps, true CFG 5.0, ""
+    (7, 3, 3.5, "blurry dark picture"),         # a negative prompt and host overrides
+    (3, 2, 1.0, None),                          # guidance <= 1: no CFG, one call per step
+])
+def test_runner_video_matches_wanpipeline(runner, pipe, seed, steps, guidance, negative):
+    params = runner.resolve(prompt=PROMPT, seed=seed, steps=steps, guidance=guidance,
+                            negative_prompt=negative)
+    program, calls = runner.env.programs["transformer"], []
+    runner.env.programs["transformer"] = lambda *a: calls.append(1) or program(*a)
+    try:
+        result = runner.generate(params)
+    finally:
+        runner.env.programs["transformer"] = program
+    ref = reference_video(pipe, runner.profile, PROMPT, seed, params.steps, params.guidance, negative)
+    assert result.video.shape == ref.shape == (9, 32, 32, 3)
+    assert result.fps == 16 and result.media[1] == "mp4" and len(result.mp4) > 0
+    assert result.video.std() > 0
+    worst = min(psnr(result.video[f], ref[f]) for f in range(ref.shape[0]))
+    assert worst >= 40.0, f"worst frame PSNR {worst:.1f} dB"
+    assert len(calls) == params.steps * (2 if params.guidance > 1 else 1)  # cond + uncond per step
+
+
+def test_warm_up_passes(runner):
+    assert runner.warm_up().video.shape == (9, 32, 32, 3)
+
+
+def test_prompt_clean_matches_the_pipeline():
+    from diffusers.pipelines.wan.pipeline_wan import prompt_clean as reference
+
+    from difflet.runtime.host.wan import prompt_clean
+
+    for text in ["  a  cat\n\tand a dog ", "fish &amp;amp; chips", "caf\u00e9 &lt;b&gt;"]:
+        assert prompt_clean(text) == reference(text)
+
+
+def test_wrong_cache_shape_names_the_input(ckpt):
+    """A decoder whose declared cache disagrees with the model's causal caches is refused at build."""
+    from difflet.codegen.build import build_program_module
+
+    text = WAN_TINY_DSL.read_text().replace("input  cache1: float32[1, 80,", "input  cache1: float32[1, 81,")
+    broken = _lower(text)
+    with pytest.raises(DiffletError, match=r"input 'cache1' must be float32\[1, 80, 2, 8, 8\] .*"
+                                           r"got float32\[1, 81, 2, 8, 8\]"):
+        build_program_module(broken.component("vae"), ckpt)
+
+
+def test_frames_must_be_4k_plus_1():
+    """Wan's VAE keeps the first frame and compresses the rest 4x: 7 frames is refused at lowering,
+    pointing at the latent frame expression of the transformer's input."""
+    from difflet.frontend.lower import lower_file
+
+    with pytest.raises(DiffletError, match="6 / 4 does not divide exactly") as err:
+        lower_file(str(WAN_TINY_DSL), {"frames": "7"})
+    assert "wan2.1-tiny.dsl:" in str(err.value)
