@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
 
 PIPELINE_CLASS = "LTX2Pipeline"
@@ -37,8 +38,14 @@ def left_padding_mask(valid_text: torch.Tensor, length: int) -> torch.Tensor:
     return (positions >= length - valid_text.reshape(1, 1)).to(torch.int64)
 
 
-def _input_names(node: Node) -> list[str]:
-    return [n.name for n in node.find(Op.INPUT)]
+def _input_names(node: Node, *required: str) -> list[str]:
+    """The IR input names in order; a DiffletError naming the component when one is missing."""
+    names = [n.name for n in node.find(Op.INPUT)]
+    missing = [r for r in required if r not in names]
+    if missing:
+        raise DiffletError(f"{node.attrs['class']} component {node.name!r} needs inputs {missing} "
+                           f"(has {names})", where=node.loc)
+    return names
 
 
 class GemmaStackedHidden(torch.nn.Module):
@@ -48,7 +55,7 @@ class GemmaStackedHidden(torch.nn.Module):
     def __init__(self, model: torch.nn.Module, node: Node) -> None:
         super().__init__()
         self.model = model
-        self.names = _input_names(node)
+        self.names = _input_names(node, "input_ids", "valid_text")
 
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor]:
         args = dict(zip(self.names, inputs, strict=True))
@@ -66,7 +73,7 @@ class ConnectorsProgram(torch.nn.Module):
     def __init__(self, model: torch.nn.Module, node: Node) -> None:
         super().__init__()
         self.model = model
-        self.names = _input_names(node)
+        self.names = _input_names(node, "text_encoder_hidden_states", "valid_text")
 
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         args = dict(zip(self.names, inputs, strict=True))
@@ -76,6 +83,10 @@ class ConnectorsProgram(torch.nn.Module):
         return video, audio
 
 
+TRANSFORMER_INPUTS = ("hidden_states", "audio_hidden_states", "encoder_hidden_states",
+                      "audio_encoder_hidden_states", "timestep", "video_coords", "audio_coords")
+
+
 class TransformerProgram(torch.nn.Module):
     """One LTX2VideoTransformer3DModel call of the pipeline's denoising loop (batch 1): sigma is
     the timestep, RoPE coordinates come in, no text mask (registers), use_cross_timestep=True."""
@@ -83,7 +94,7 @@ class TransformerProgram(torch.nn.Module):
     def __init__(self, model: torch.nn.Module, node: Node) -> None:
         super().__init__()
         self.model = model
-        self.names = _input_names(node)
+        self.names = _input_names(node, *TRANSFORMER_INPUTS)
 
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         args = dict(zip(self.names, inputs, strict=True))
