@@ -31,7 +31,7 @@ encoder text_encoder = transformers.UMT5EncoderModel from "text_encoder" {
         vocab_size: 256384, d_model: 4096, d_ff: 10240, d_kv: 64, num_layers: 24, num_heads: 64
         relative_attention_num_buckets: 32, relative_attention_max_distance: 128
         feed_forward_proj: "gated-gelu", layer_norm_epsilon: 0.000001, dropout_rate: 0.1
-        tie_word_embeddings: false, pad_token_id: 0, eos_token_id: 1, decoder_start_token_id: 0
+        pad_token_id: 0, eos_token_id: 1, decoder_start_token_id: 0
     }
     dtype dtype
     tokenizer transformers.PreTrainedTokenizerFast from "tokenizer" max_length max_text

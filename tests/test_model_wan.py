@@ -13,6 +13,7 @@ import torch
 
 from conftest import REPO, shared_store_dir
 from difflet.errors import DiffletError
+from difflet.ir.nodes import Op
 
 WAN_TINY_DSL = REPO / "models" / "wan2.1-tiny.dsl"
 PROMPT = "a red fox running through the snow"
@@ -199,3 +200,27 @@ def test_frames_must_be_4k_plus_1():
     with pytest.raises(DiffletError, match="6 / 4 does not divide exactly") as err:
         lower_file(str(WAN_TINY_DSL), {"frames": "7"})
     assert "wan2.1-tiny.dsl:" in str(err.value)
+
+
+def test_real_size_dsl_fits_the_host_steps_and_the_real_vae():
+    """models/wan2.1.dsl: registered wan steps, a masked encoder, and chunk decoders whose cache
+    declarations are AutoencoderKLWan's at 480x832 (checked on a meta-device model: shapes only)."""
+    from diffusers import AutoencoderKLWan
+
+    from difflet.codegen.family.wan_vae import WanChunkDecoder
+    from difflet.frontend.lower import lower_file
+    from difflet.runtime.host import get_step
+    from difflet.runtime.schedule import schedule_steps
+
+    module = lower_file(str(REPO / "models" / "wan2.1.dsl"))
+    steps = schedule_steps(module)
+    assert [s.name for s in steps] == ["wan.encode_prompt", "wan.prepare_latents", "wan.denoise",
+                                       "wan.decode"]
+    for step in steps:
+        get_step(step.name)
+    assert [n.name for n in module.component("text_encoder").find(Op.INPUT)] == ["input_ids", "valid_text"]
+    first, chunk = steps[-1].args
+    with torch.device("meta"):
+        vae = AutoencoderKLWan.from_config(module.component(chunk).attrs["config"].to_python())
+    for name in (first, chunk):
+        assert len(WanChunkDecoder(vae, module.component(name)).slots) == 32

@@ -41,7 +41,8 @@ def cache_layout(vae, z_shape: tuple[int, ...]) -> list[tuple[int, int, int]]:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True):
-        z = torch.zeros(z_shape)
+        param = next(vae.parameters())  # the model's device (meta works: shapes only)
+        z = torch.zeros(z_shape, dtype=param.dtype, device=param.device)
         _, first = _run_decoder(vae, z, None)
         _, second = _run_decoder(vae, z, [c if isinstance(c, str) else _pad_two(c) for c in first])
     return [(c.shape[1], c.shape[3], c.shape[4]) for c in second]
