@@ -182,3 +182,28 @@ def test_invalid_inputs_are_refused(programs, runner):
 def test_warm_up_checks_the_video(runner):
     result = runner.warm_up()
     assert result.media[1] == "mp4" and result.video.shape == (9, 32, 32, 3)
+
+
+def test_host_with_a_gemma_tokenizer_encodes_like_the_pipeline(runner, pipe, tmp_path):
+    """A GemmaTokenizer (the real checkpoint's class) saved as host/tokenizer: the host's ids and
+    valid count through the programs give the pipeline's connector embeddings with that tokenizer."""
+    from transformers import GemmaTokenizer
+
+    from difflet.runtime.host import ltx2
+    from difflet.runtime.schedule import HostEnv
+
+    words = ["<pad>", "<eos>", "<bos>", "<unk>", "▁", *"abcdefghijklmnopqrstuvwxyz"]
+    tok = GemmaTokenizer(vocab={w: i for i, w in enumerate(words)}, merges=[])  # characters
+    tok.padding_side = "right"  # the host must switch it to left, as the pipeline does
+    tok.save_pretrained(str(tmp_path / "tokenizer"))
+    env = HostEnv(runner.module, runner.env.programs, tmp_path)
+    enc, conn = runner.module.component("text_encoder"), runner.module.component("connectors")
+    ids, valid = ltx2.tokenize(env, enc, " a red fox ")
+    assert 1 < valid < 16 and ids[0, 0] == 0 and len(set(ids[0, -valid:].tolist())) > 4  # left padded
+    ours = ltx2.encode_text(env, enc, conn, " a red fox ")
+    original, pipe.tokenizer = pipe.tokenizer, tok
+    try:
+        _, _, _, video, audio = _reference_text(pipe, " a red fox ")
+    finally:
+        pipe.tokenizer = original
+    assert (ours[0] - video).abs().max() <= ATOL and (ours[1] - audio).abs().max() <= ATOL
