@@ -168,6 +168,21 @@ def test_runner_video_matches_wanpipeline(runner, pipe, seed, steps, guidance, n
     assert len(calls) == params.steps * (2 if params.guidance > 1 else 1)  # cond + uncond per step
 
 
+def test_step_caching_skips_whole_cfg_steps(runner):
+    """A cached step reuses the combined (CFG) output: neither the cond nor the uncond call runs,
+    and UniPC still takes every step."""
+    params = runner.resolve(prompt=PROMPT, seed=5, steps=14, cache="cadence:2")
+    program, calls = runner.env.programs["transformer"], []
+    runner.env.programs["transformer"] = lambda *a: calls.append(1) or program(*a)
+    try:
+        result = runner.generate(params)
+    finally:
+        runner.env.programs["transformer"] = program
+    cached = result.stats["cached_steps"]
+    assert cached > 0 and len(calls) == 2 * (14 - cached)
+    assert result.video.shape == (9, 32, 32, 3) and result.video.std() > 0
+
+
 def test_warm_up_passes(runner):
     assert runner.warm_up().video.shape == (9, 32, 32, 3)
 
