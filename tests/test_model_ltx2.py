@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 import torch
@@ -177,6 +178,11 @@ def test_invalid_inputs_are_refused(programs, runner):
     assert "profile.audio" in str(err.value)
     with pytest.raises(DiffletError, match="height"):
         runner.resolve(prompt="a cat", seed=0, height=64)
+    # the pipeline's STG default needs a perturbed transformer program, which is not compiled
+    step = ltx2._denoise_step(runner.env)
+    stg = msgspec.structs.replace(step, attrs=step.attrs.set(guidance=step.attrs["guidance"].set(stg_scale=1.0)))
+    with pytest.raises(DiffletError, match="guidance.stg_scale = 1.0"):
+        ltx2.guidance_scales(stg, 3.0)
 
 
 def test_warm_up_checks_the_video(runner):

@@ -30,8 +30,7 @@ AUDIO_LATENT_DOWNSAMPLE = 4  # AutoencoderKLLTX2Audio's temporal and mel compres
 
 
 def _first_input(component: Node) -> tuple[str, tuple[int, ...]]:
-    node = component.find(Op.INPUT)[0]
-    return node.name, tuple(node.results[0].type.shape)
+    return component.find(Op.INPUT)[0].name, tuple(component.find(Op.INPUT)[0].results[0].type.shape)
 
 
 def _denoise_step(env: HostEnv) -> Node:
@@ -45,9 +44,14 @@ def _denoise_step(env: HostEnv) -> Node:
 def guidance_scales(step: Node, guidance: float) -> dict:
     """The pipeline's per-stream scales: audio_x = audio_x or x (so 0 falls back to the video value)."""
     spec = step.attrs.get("guidance")
-    mode = spec["mode"] if spec is not None else "cfg"
-    if mode != "cfg":
+    spec = spec.to_python() if spec is not None else {"mode": "cfg"}
+    if (mode := spec.get("mode")) != "cfg":
         raise DiffletError(f"ltx2.denoise supports guidance mode 'cfg', not {mode!r}", where=step.loc)
+    for key, off in (("stg_scale", 0.0), ("audio_stg_scale", 0.0), ("modality_scale", 1.0),
+                     ("audio_modality_scale", 1.0)):
+        if float(spec.get(key, off)) != off:  # extra transformer variants, not compiled
+            raise DiffletError(f"guidance.{key} = {spec[key]}: STG and modality-isolation guidance "
+                               f"are not served (only {off})", where=step.loc)
     rescale = float(spec.get("rescale", 0.7))
     audio_scale = float(spec.get("audio_scale", 7.0)) or float(guidance)
     return dict(video=float(guidance), audio=audio_scale, rescale=rescale,
@@ -95,8 +99,7 @@ def encode_text(env: HostEnv, encoder: Node, connectors: Node, prompt: str) -> t
     hidden = next(iter(env.invoke(encoder.name, input_ids=ids, valid_text=count).values()))
     hidden_name = connectors.find(Op.INPUT)[0].name
     out = env.invoke(connectors.name, **{hidden_name: hidden, "valid_text": count})
-    video, audio = out.values()
-    return video, audio
+    return tuple(out.values())
 
 
 @host_step("ltx2.encode_prompt", phase="encode")
