@@ -10,11 +10,12 @@
 # unmasked (cross-attention only), so it takes no runtime input and keeps its stock attention.
 #
 # Decoder: AutoencoderKLWan decodes causally, one latent frame at a time with a per-conv feature
-# cache. Difflet compiles that as two fixed-size chunk programs the host calls in a loop: the
-# first latent frame (-> 1 video frame, no cache in) and every later one (-> 4 frames), with the
-# causal caches carried in and out as tensors, two frames each (zeros where diffusers has
-# none), concatenated over channels per spatial level. Bit-faithful to AutoencoderKLWan.decode,
-# and neither program depends on the clip length.
+# cache. Difflet compiles that as one fixed-size chunk program the host calls once per latent
+# frame, the causal caches carried in and out as tensors (two frames each, zeros where diffusers
+# has none, concatenated over channels per spatial level); the first frame's path (one video
+# frame, no cache in) and a later frame's (four) are the two branches of one program, so the
+# weights load once. Bit-faithful to AutoencoderKLWan.decode; the program does not depend on
+# the clip length.
 
 model wan21_tiny family wan
 
@@ -57,33 +58,20 @@ denoiser transformer = diffusers.WanTransformer3DModel from "transformer" {
     output sample: dtype[1, 4, (frames - 1) / 4 + 1, height / 8, width / 8] select 0
 }
 
-# cache<k>: the causal caches at spatial level k (latent, 2x, 4x, 8x), channels summed over that
-# level's convs in decoder order (the wrapper checks these against the model and names the input).
-decoder vae_first = diffusers.AutoencoderKLWan from "vae" {
-    config {
-        base_dim: 8, z_dim: 4, dim_mult: [1, 2, 4, 4], num_res_blocks: 0
-        temperal_downsample: [false, true, true]
-        latents_mean: [0.1, -0.2, 0.3, 0.0], latents_std: [1.5, 0.8, 1.2, 2.0]
-    }
-    entry decode   # the wrapper: first chunk (no cache inputs)
-    dtype float32
-    input  z: float32[1, 4, 1, height / 8, width / 8]
-    output sample: float32[1, 3, 1, height, width] select 0
-    output next_cache0: float32[1, 228, 2, height / 8, width / 8] select 1
-    output next_cache1: float32[1, 80, 2, height / 4, width / 4] select 2
-    output next_cache2: float32[1, 32, 2, height / 2, width / 2] select 3
-    output next_cache3: float32[1, 24, 2, height, width] select 4
-}
-
+# One latent frame per call; `first` = 1 for latent frame 0 (diffusers' first chunk: one video
+# frame, sample[:, :, 0], the rest zeros; caches in not read), else 4 video frames. cache<k>: the
+# causal caches at spatial level k (latent, 2x, 4x, 8x), two frames each, channels summed over
+# that level's convs in decoder order (the wrapper checks them against the model).
 decoder vae = diffusers.AutoencoderKLWan from "vae" {
     config {
         base_dim: 8, z_dim: 4, dim_mult: [1, 2, 4, 4], num_res_blocks: 0
         temperal_downsample: [false, true, true]
         latents_mean: [0.1, -0.2, 0.3, 0.0], latents_std: [1.5, 0.8, 1.2, 2.0]
     }
-    entry decode   # the wrapper: a later chunk (cache inputs)
+    entry decode   # wrapped: difflet/codegen/family/wan_vae.py
     dtype float32
     input  z: float32[1, 4, 1, height / 8, width / 8]
+    input  first: int64[]
     input  cache0: float32[1, 228, 2, height / 8, width / 8]
     input  cache1: float32[1, 80, 2, height / 4, width / 4]
     input  cache2: float32[1, 32, 2, height / 2, width / 2]
@@ -105,5 +93,5 @@ schedule {
         }
         guidance: { mode: "cfg", scale: guidance }
     }
-    wan.decode(vae_first, vae)
+    wan.decode(vae)
 }

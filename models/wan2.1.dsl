@@ -4,9 +4,9 @@
 # zero-padded to 512, attended unmasked by cross-attention only (no text stream).
 # Host steps: difflet/runtime/host/wan.py; program hooks: difflet/codegen/family/wan*.py. The
 # encoder masks from its valid_text input (the prompt's token count) and zeroes rows past it.
-# The VAE decodes one latent frame per call with its causal caches as explicit tensors (first
-# chunk -> 1 frame, every later chunk -> 4 frames; see models/wan2.1-tiny.dsl), so neither
-# decoder program depends on the clip length.
+# The VAE decodes one latent frame per call with its causal caches as explicit tensors (frame
+# 0 -> 1 video frame, every later one -> 4; see models/wan2.1-tiny.dsl), so the decoder program
+# does not depend on the clip length.
 
 model wan21_t2v_14b family wan
 
@@ -58,31 +58,19 @@ denoiser transformer = diffusers.WanTransformer3DModel from "transformer" {
     attention "blocks.*.attn2": cross heads 40 head_dim 128 order (visual, text) text_mask false valid valid_text
 }
 
-# cache<k>: the causal caches at spatial level k (latent, 2x, 4x, 8x), two frames each, channels
-# summed over that level's convs in decoder order (the wrapper checks them against the model).
-decoder vae_first = diffusers.AutoencoderKLWan from "vae" {
-    config {
-        base_dim: 96, z_dim: 16, dim_mult: [1, 2, 4, 4], num_res_blocks: 2
-        temperal_downsample: [false, true, true]
-    }
-    entry decode   # the wrapper: first chunk (no cache inputs)
-    dtype float32
-    input  z: float32[1, 16, 1, height / 8, width / 8]
-    output sample: float32[1, 3, 1, height, width] select 0
-    output next_cache0: float32[1, 4240, 2, height / 8, width / 8] select 1
-    output next_cache1: float32[1, 2496, 2, height / 4, width / 4] select 2
-    output next_cache2: float32[1, 1152, 2, height / 2, width / 2] select 3
-    output next_cache3: float32[1, 672, 2, height, width] select 4
-}
-
+# One latent frame per call; `first` = 1 for latent frame 0 (diffusers' first chunk: one video
+# frame, sample[:, :, 0], the rest zeros; caches in not read), else 4 video frames. cache<k>: the
+# causal caches at spatial level k (latent, 2x, 4x, 8x), two frames each, channels summed over
+# that level's convs in decoder order (the wrapper checks them against the model).
 decoder vae = diffusers.AutoencoderKLWan from "vae" {
     config {
         base_dim: 96, z_dim: 16, dim_mult: [1, 2, 4, 4], num_res_blocks: 2
         temperal_downsample: [false, true, true]
     }
-    entry decode   # the wrapper: a later chunk (cache inputs)
+    entry decode   # wrapped: difflet/codegen/family/wan_vae.py
     dtype float32
     input  z: float32[1, 16, 1, height / 8, width / 8]
+    input  first: int64[]
     input  cache0: float32[1, 4240, 2, height / 8, width / 8]
     input  cache1: float32[1, 2496, 2, height / 4, width / 4]
     input  cache2: float32[1, 1152, 2, height / 2, width / 2]
@@ -104,5 +92,5 @@ schedule {
         }
         guidance: { mode: "cfg", scale: guidance }
     }
-    wan.decode(vae_first, vae)
+    wan.decode(vae)
 }

@@ -4,8 +4,8 @@ Invariants:
 - The UMT5 program takes padded input_ids and `valid_text` (0-d int64, the prompt's token count),
   builds the attention mask from it, and returns last_hidden_state with rows >= valid_text zeroed:
   exactly WanPipeline's `_get_t5_prompt_embeds` (mask, encode, cut, zero-pad) for one prompt.
-- The VAE decodes one latent frame per call (difflet.codegen.family.wan_vae): a component with
-  cache inputs is a later chunk, one without is the first. The transformer needs no hook: it
+- The VAE decodes one latent frame per call, causal caches in and out (codegen.family.wan_vae),
+  when its IR declares them (outputs sample, next_cache0, ...). The transformer needs no hook: it
   attends the zero-padded text unmasked, so its stock attention compiles as is.
 - A wrapper whose IR does not have its inputs (e.g. another family's UMT5) falls back to the
   generic ProgramModule.

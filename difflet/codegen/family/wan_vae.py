@@ -1,12 +1,16 @@
-"""AutoencoderKLWan's causal decode as fixed-size chunk programs: one latent frame per call.
+"""AutoencoderKLWan's causal decode as one fixed-size chunk program: one latent frame per call.
 
 AutoencoderKLWan._decode runs its decoder once per latent frame, each causal conv reading a
 feature cache of the previous frames (`feat_cache`: the last <= 2 input frames per conv, the
 string "Rep" for a temporal upsampler that has seen only the first chunk). Here that cache is
-explicit tensors, so the host loops over frames and each program has a static shape:
+explicit tensors, so the host loops over latent frames and the program has a static shape:
 
-- first chunk: z [1, C, 1, h, w] -> (frames [1, 3, 1, H, W], caches...)  (first_chunk=True)
-- later chunk: (z, caches...) -> (frames [1, 3, 4, H, W], caches...)
+    (z [1, C, 1, h, w], first 0-d int64, cache0..) -> (sample [1, 3, 4, H, W], next_cache0..)
+
+`first` = 1 for latent frame 0: diffusers' first chunk (no cache, first_chunk=True), whose one
+video frame is sample[:, :, 0] (frames 1-3 are zeros) and whose cache inputs are not read;
+otherwise a later chunk (4 video frames). Both paths live in one program (torch.cond), so the
+decoder's weights are loaded once.
 
 Invariants:
 - Every cache slot is two frames. Where diffusers holds fewer (one frame after the first chunk,
@@ -56,17 +60,21 @@ def _pad_two(c: torch.Tensor) -> torch.Tensor:
 
 
 class WanChunkDecoder(torch.nn.Module):
-    """The program for one decode chunk; which one (first/later) follows from the IR's inputs."""
+    """The chunk program (see the module docstring); checks the IR's declarations at build."""
 
     def __init__(self, vae: torch.nn.Module, node: Node) -> None:
         super().__init__()
         self.vae = vae
-        inputs = [n for n in node.find(Op.INPUT)]
-        self.first = len(inputs) == 1
+        inputs = node.find(Op.INPUT)
         z_shape = tuple(inputs[0].results[0].type.shape)
         if len(z_shape) != 5 or z_shape[0] != 1 or z_shape[2] != 1:
             raise DiffletError(f"decoder input {inputs[0].name!r} must be one latent frame "
                                f"[1, C, 1, h, w], got {list(z_shape)}", where=inputs[0].loc)
+        flag = inputs[1] if len(inputs) > 1 else None
+        if flag is None or flag.name != "first" or flag.results[0].type.shape != () or \
+                flag.results[0].type.dtype != "int64":
+            raise DiffletError(f"decoder {node.name!r}: its second input must be `first: int64[]` "
+                               f"(1 for latent frame 0)", where=(flag or node).loc)
         self.slots = cache_layout(vae, z_shape)
         levels: list[tuple[int, int]] = []
         for _, h, w in self.slots:
@@ -75,13 +83,11 @@ class WanChunkDecoder(torch.nn.Module):
         self.level_of = [levels.index((h, w)) for _, h, w in self.slots]
         want = [[1, sum(c for (c, *_), lv in zip(self.slots, self.level_of) if lv == k), 2, h, w]
                 for k, (h, w) in enumerate(levels)]
-        declared = [("output", n) for n in node.find(Op.OUTPUT)[1:]]
-        if not self.first:
-            declared += [("input", n) for n in inputs[1:]]
-        if len(declared) != len(want) * (1 if self.first else 2):
-            raise DiffletError(f"decoder {node.name!r} must declare {len(want)} cache levels "
-                               f"{'out' if self.first else 'in and out'} (the model's causal caches: "
-                               f"{want}), it declares {len(declared)} cache tensors", where=node.loc)
+        declared = [("input", n) for n in inputs[2:]] + [("output", n) for n in node.find(Op.OUTPUT)[1:]]
+        if len(declared) != 2 * len(want):
+            raise DiffletError(f"decoder {node.name!r} must declare {len(want)} cache levels in and "
+                               f"out (the model's causal caches: {want}), it declares "
+                               f"{len(declared)} cache tensors", where=node.loc)
         dtype = node.attrs.get("dtype", "float32")  # caches carry the decoder's activations
         for i, (kind, decl) in enumerate(declared):
             have, level = decl.results[0].type, i % len(want)
@@ -95,16 +101,22 @@ class WanChunkDecoder(torch.nn.Module):
                  for k, t in enumerate(levels)]
         return [parts[lv].pop(0) for lv in self.level_of]
 
-    def _join(self, caches: list) -> tuple[torch.Tensor, ...]:
+    def _join(self, frames: torch.Tensor, caches: list) -> tuple[torch.Tensor, ...]:
         n = max(self.level_of) + 1
-        return tuple(torch.cat([c for c, lv in zip(caches, self.level_of) if lv == k], dim=1)
-                     for k in range(n))
+        joined = [torch.cat([c for c, lv in zip(caches, self.level_of) if lv == k], dim=1)
+                  for k in range(n)]
+        return tuple(t.contiguous() for t in (frames, *joined))  # both cond branches alike
 
-    def forward(self, z: torch.Tensor, *levels: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if self.first:
-            frames, caches = _run_decoder(self.vae, z, None)
-            caches = [torch.zeros(1, c, 2, h, w, dtype=z.dtype, device=z.device) if isinstance(x, str)
-                      else _pad_two(x) for x, (c, h, w) in zip(caches, self.slots)]
-        else:
-            frames, caches = _run_decoder(self.vae, z, self._split(levels))
-        return (frames, *self._join(caches))
+    def _first(self, z: torch.Tensor, *levels: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        frames, caches = _run_decoder(self.vae, z, None)
+        caches = [torch.zeros(1, c, 2, h, w, dtype=z.dtype, device=z.device) if isinstance(x, str)
+                  else _pad_two(x) for x, (c, h, w) in zip(caches, self.slots)]
+        pad = torch.zeros_like(frames).expand(-1, -1, 3, -1, -1)  # the chunk's static 4 frames
+        return self._join(torch.cat([frames, pad], dim=2), caches)
+
+    def _later(self, z: torch.Tensor, *levels: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        frames, caches = _run_decoder(self.vae, z, self._split(levels))
+        return self._join(frames, caches)
+
+    def forward(self, z: torch.Tensor, first: torch.Tensor, *levels: torch.Tensor):
+        return torch.cond(first > 0, self._first, self._later, (z, *levels))

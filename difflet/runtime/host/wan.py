@@ -2,7 +2,7 @@
 
 Invariants:
 - Shapes come from the IR (program input/output types), never from a diffusers config: latent
-  shape = the transformer's hidden_states input; frames per decode chunk = the decoders' outputs.
+  shape = the transformer's hidden_states input; cache shapes = the decoder's cache inputs.
 - Prompts are cleaned as WanPipeline's prompt_clean does (ftfy when installed, html unescape
   twice, whitespace collapsed), tokenized padded to max_length with truncation; the encoder
   program gets the padded ids and the token count (`valid_text`) and returns the embeddings
@@ -12,8 +12,8 @@ Invariants:
   defaults to "" as in the pipeline. Guidance <= 1 is one call per step.
 - Sampling state (CPU generator seeded with the request seed, a fresh scheduler) lives in
   `RequestState`; the scheduler is the step's `scheduler:` attrs, set_timesteps(steps) only.
-- Decode: latents / (1 / latents_std) + latents_mean, then the first-chunk program on latent
-  frame 0 and the chunk program on every later frame, caches carried between the calls.
+- Decode: latents / (1 / latents_std) + latents_mean, then the chunk program once per latent
+  frame (`first` = 1 for frame 0), causal caches carried between the calls.
 """
 from __future__ import annotations
 
@@ -167,26 +167,29 @@ def denoise(env: HostEnv, step: Node, state: RequestState) -> None:
 
 @host_step("wan.decode", phase="decode")
 def decode(env: HostEnv, step: Node, state: RequestState) -> None:
-    """De-normalize, decode latent frame by latent frame (first-chunk, then chunk program),
-    VideoProcessor postprocess -> uint8 [F, H, W, 3] at 16 fps."""
+    """De-normalize, decode latent frame by latent frame through the chunk program (causal
+    caches carried between calls; zeros before frame 0, where `first` = 1 makes the program
+    ignore them), VideoProcessor postprocess -> uint8 [F, H, W, 3] at 16 fps."""
     from diffusers.video_processor import VideoProcessor
 
-    if len(step.args) != 2:
-        raise DiffletError("wan.decode takes (first-chunk decoder, chunk decoder)", where=step.loc)
-    first, chunk = step.args
-    vae = env.component(chunk)
+    (name,) = step.args
+    vae = env.component(name)
+    inputs = vae.find(Op.INPUT)
+    if [n.name for n in inputs[:2]] != ["z", "first"]:
+        raise DiffletError(f"decoder {name!r} must be a chunk program (z, first, caches...); it "
+                           f"takes {[n.name for n in inputs]}", where=vae.loc)
     latents = state.values["latents"]
     z_dim = latents.shape[1]
     mean = torch.tensor(class_config_value(vae, "latents_mean")).view(1, z_dim, 1, 1, 1)
     inv_std = 1.0 / torch.tensor(class_config_value(vae, "latents_std")).view(1, z_dim, 1, 1, 1)
-    latents = latents / inv_std + mean
-    out = env.invoke(first, z=latents[:, :, :1])
-    frames, caches = [out.pop("sample")], list(out.values())
-    cache_names = [n.name for n in vae.find(Op.INPUT)][1:]
-    for i in range(1, latents.shape[2]):
-        out = env.invoke(chunk, z=latents[:, :, i:i + 1], **dict(zip(cache_names, caches)))
-        frames.append(out.pop("sample"))
-        caches = list(out.values())
+    latents = latents / inv_std + mean  # WanPipeline: latents / (1 / std) + mean
+    caches = {n.name: torch.zeros(n.results[0].type.shape) for n in inputs[2:]}
+    frames = []
+    for i in range(latents.shape[2]):
+        out = env.invoke(name, z=latents[:, :, i:i + 1], first=torch.tensor(int(i == 0)), **caches)
+        sample = out.pop("sample")
+        frames.append(sample[:, :, :1] if i == 0 else sample)  # frame 0's chunk is one frame
+        caches = dict(zip(caches, out.values()))
     video = torch.cat(frames, dim=2)
     state.values["decoded"] = video
     processor = VideoProcessor(vae_scale_factor=int(env.profile["height"]) // latents.shape[3])
