@@ -39,7 +39,7 @@ encoder text_encoder = transformers.Gemma3ForConditionalGeneration from "text_en
     dtype dtype
     tokenizer transformers.PreTrainedTokenizerFast from "tokenizer" max_length max_text
     input  input_ids: int64[1, max_text]
-    input  valid_text: int64[]   # 0-d count (see header)
+    input  valid_text: runtime valid_text
     output hidden_states: dtype[1, max_text, 96] select "hidden_states"
 }
 
@@ -54,7 +54,7 @@ encoder connectors = diffusers.pipelines.ltx2.connectors.LTX2TextConnectors from
     }
     dtype dtype
     input  text_encoder_hidden_states: dtype[1, max_text, 96]
-    input  valid_text: int64[]   # 0-d count (see header)
+    input  valid_text: runtime valid_text
     output video_text: dtype[1, max_text, 32] select 0
     output audio_text: dtype[1, max_text, 32] select 1
 }

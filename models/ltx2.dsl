@@ -32,14 +32,14 @@ encoder text_encoder = transformers.Gemma3ForConditionalGeneration from "text_en
     dtype dtype
     tokenizer transformers.PreTrainedTokenizerFast from "tokenizer" max_length max_text
     input  input_ids: int64[1, max_text]
-    input  valid_text: int64[]   # 0-d count of valid (left-padded) tokens
+    input  valid_text: runtime valid_text
     output hidden_states: dtype[1, max_text, 188160] select "hidden_states"
 }
 encoder connectors = diffusers.pipelines.ltx2.connectors.LTX2TextConnectors from "connectors" {
     config { caption_channels: 3840, text_proj_in_factor: 49 }
     dtype dtype
     input  text_encoder_hidden_states: dtype[1, max_text, 188160]
-    input  valid_text: int64[]
+    input  valid_text: runtime valid_text
     output video_text: dtype[1, max_text, 3840] select 0
     output audio_text: dtype[1, max_text, 3840] select 1
 }

@@ -170,8 +170,9 @@ def test_invalid_inputs_are_refused(programs, runner):
     from difflet.runtime.host import ltx2
 
     ids = torch.zeros(1, 16, dtype=torch.int64)
-    with pytest.raises(DiffletError, match=r"valid_text must be int64\[\]"):
-        programs["text_encoder"](ids, torch.tensor([5]))
+    for bad in (torch.tensor([5]), torch.tensor(17)):  # a runtime value: 0-d and in its range
+        with pytest.raises(DiffletError, match=r"runtime input valid_text must be a 0-d int64 in \[1, 16\]"):
+            programs["text_encoder"](ids, bad)
     # 12 fps would make the pipeline draw 19 audio latent frames; the profile compiled 9
     with pytest.raises(DiffletError, match="profile audio = 9 latent frames") as err:
         ltx2.geometry(runner.env, 12.0)

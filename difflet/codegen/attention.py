@@ -117,11 +117,20 @@ def _text_len(node: Node) -> int:
 
 
 def install_attention(model: torch.nn.Module, node: Node) -> int:
-    """Replace the processors of every attention site the IR's `attention` nodes name; returns the count.
+    """Replace the processors of every joint attention site the IR's `attention` nodes name;
+    returns the count.
 
-    Raises DiffletError for an unsupported class, kind or order, or a glob that matches nothing.
+    Self/cross sites without a text mask describe the model to the planner (heads, order) and keep
+    the class's own processor: with no padding to exclude, it computes the same attention.
+    Raises DiffletError for an unsupported class, a masked non-joint site, an order, or a glob
+    that matches nothing.
     """
     sites = node.find(Op.ATTENTION)
+    for site in sites:
+        if site.attrs.get("kind") != "joint" and site.attrs.get("text_mask"):
+            raise DiffletError(f"attention kind {site.attrs.get('kind')!r} with a text mask is not "
+                               f"supported for {node.attrs['class']} (only joint)", where=site.loc)
+    sites = [s for s in sites if s.attrs.get("kind") == "joint"]
     if not sites:
         return 0
     from difflet.codegen.family import class_registry
@@ -134,9 +143,6 @@ def install_attention(model: torch.nn.Module, node: Node) -> int:
     modules = dict(model.named_modules())
     count = 0
     for site in sites:
-        if site.attrs.get("kind") != "joint":
-            raise DiffletError(f"attention kind {site.attrs.get('kind')!r} is not supported for "
-                               f"{node.attrs['class']} (only joint)", where=site.loc)
         order = tuple(site.attrs.get("order", ("text", "visual")))
         if sorted(order) != ["text", "visual"]:
             raise DiffletError(f"joint attention order must be (text, visual) or (visual, text), got {order}",

@@ -59,15 +59,15 @@ def _select(result, sel):
 
 def build_program_module(node: Node, ckpt_dir: str | os.PathLike) -> ProgramModule:
     """Load the component from the checkpoint, install Difflet attention (denoisers), wrap it."""
-    model = load_component(node, ckpt_dir)
-    runtime_inputs = [v.name for v in program_inputs(node) if isinstance(v.type, RuntimeType)]
-    if runtime_inputs and not node.find(Op.ATTENTION):
-        raise DiffletError(f"component {node.name!r} takes runtime inputs {runtime_inputs} but has no "
-                           "attention sites to route them to", where=node.loc)
-    install_attention(model, node)
     from difflet.codegen.family import class_registry
 
+    model = load_component(node, ckpt_dir)
     wrap = class_registry("PROGRAM_WRAPPERS").get(node.attrs["class"])
+    runtime_inputs = [v.name for v in program_inputs(node) if isinstance(v.type, RuntimeType)]
+    if runtime_inputs and not node.find(Op.ATTENTION) and wrap is None:
+        raise DiffletError(f"component {node.name!r} takes runtime inputs {runtime_inputs} but has no "
+                           "attention sites or program wrapper to route them to", where=node.loc)
+    install_attention(model, node)
     return (wrap(model, node) if wrap is not None else ProgramModule(model, node)).eval()
 
 

@@ -5,8 +5,8 @@ Invariants:
   computing exactly what LTX2Pipeline does around that module call (operation for operation).
 - The prompt's padding never crosses as a mask: the Gemma tokenizer pads LEFT (the pipeline forces
   it), so the valid tokens are the last `valid_text` positions; the encoder and the connectors build
-  that mask inside the program from `valid_text`, a 0-d int64 tensor input (build.py routes
-  RuntimeType inputs only to attention sites, and these components have none).
+  that mask inside the program from the runtime value `valid_text` (a 0-d int64 program input,
+  range-checked by the runtime before every call).
 - The connectors replace the padding with learnable registers, so their output mask is all ones
   and the transformer takes no mask (the host refuses connectors without registers).
 - Latent (de)normalization uses the VAEs' `latents_mean`/`latents_std` buffers, which live in the
