@@ -5,7 +5,7 @@
 # 12 visual tokens.
 #
 # Text: the UMT5 encoder runs masked (bidirectional, so padding would change valid rows): the
-# program builds the mask from `valid_text` (a 0-d int64, the prompt's token count) and zeroes
+# program builds the mask from the runtime value `valid_text` (the prompt's token count) and zeroes
 # rows >= valid_text, as WanPipeline cuts and zero-pads. The transformer attends that padded text
 # unmasked (cross-attention only), so it takes no runtime input and keeps its stock attention.
 #
@@ -29,6 +29,10 @@ profile {
     dtype    = float32
 }
 
+runtime valid_text: int64 in [1, max_text] default max_text
+    doc "the prompt's UMT5 token count: the encoder masks the padding after it and zeroes its rows"
+runtime first: int64 in [0, 1] default 0
+    doc "1 for the VAE chunk of latent frame 0 (diffusers' first chunk), else 0"
 runtime seed: int64 in [0, 2**63 - 1] default 0 doc "initial-noise seed"
 runtime step: int64 in [0, steps - 1] default 0 doc "index of the current denoising step"
 
@@ -41,7 +45,7 @@ encoder text_encoder = transformers.UMT5EncoderModel from "text_encoder" {
     dtype dtype
     tokenizer transformers.PreTrainedTokenizerFast from "tokenizer" max_length max_text
     input  input_ids: int64[1, max_text]
-    input  valid_text: int64[]   # the prompt's token count (the mask is built in the program)
+    input  valid_text: runtime valid_text   # the mask is built in the program
     output prompt_embeds: dtype[1, max_text, 32] select "last_hidden_state"
 }
 
@@ -71,7 +75,7 @@ decoder vae = diffusers.AutoencoderKLWan from "vae" {
     entry decode   # wrapped: difflet/codegen/family/wan_vae.py
     dtype float32
     input  z: float32[1, 4, 1, height / 8, width / 8]
-    input  first: int64[]
+    input  first: runtime first
     input  cache0: float32[1, 228, 2, height / 8, width / 8]
     input  cache1: float32[1, 80, 2, height / 4, width / 4]
     input  cache2: float32[1, 32, 2, height / 2, width / 2]

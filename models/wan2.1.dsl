@@ -21,7 +21,9 @@ profile {
 }
 
 runtime valid_text: int64 in [1, max_text] default max_text
-    doc "valid UMT5 tokens; Wan attends its zero padding (no mask), so the default is the padded length"
+    doc "the prompt's UMT5 token count: the encoder masks the padding after it and zeroes its rows"
+runtime first: int64 in [0, 1] default 0
+    doc "1 for the VAE chunk of latent frame 0 (diffusers' first chunk), else 0"
 runtime seed: int64 in [0, 2**63 - 1] default 0 doc "initial-noise seed"
 runtime step: int64 in [0, steps - 1] default 0 doc "index of the current denoising step"
 
@@ -36,11 +38,13 @@ encoder text_encoder = transformers.UMT5EncoderModel from "text_encoder" {
     dtype dtype
     tokenizer transformers.PreTrainedTokenizerFast from "tokenizer" max_length max_text
     input  input_ids: int64[1, max_text]
-    input  valid_text: int64[]   # the prompt's token count (the mask is built in the program)
+    input  valid_text: runtime valid_text   # the mask is built in the program
     output prompt_embeds: dtype[1, max_text, 4096] select "last_hidden_state"
 }
 
-# 40 blocks: self-attention over visual tokens, cross-attention to text, FFN 13824
+# 40 blocks: self-attention over visual tokens, cross-attention to text, FFN 13824. The sites
+# describe the attention to the planner; with no text mask they keep diffusers' processors, and
+# nothing crosses per request (the text is zero-padded, attended unmasked).
 denoiser transformer = diffusers.WanTransformer3DModel from "transformer" {
     config {
         patch_size: [1, 2, 2], num_attention_heads: 40, attention_head_dim: 128
@@ -51,11 +55,10 @@ denoiser transformer = diffusers.WanTransformer3DModel from "transformer" {
     input hidden_states:         dtype[1, 16, (frames - 1) / 4 + 1, height / 8, width / 8]
     input timestep:              dtype[1]
     input encoder_hidden_states: dtype[1, max_text, 4096]
-    input valid_text: runtime valid_text
     output sample: dtype[1, 16, (frames - 1) / 4 + 1, height / 8, width / 8] select 0
 
-    attention "blocks.*.attn1": self heads 40 head_dim 128 order (visual) text_mask false valid valid_text
-    attention "blocks.*.attn2": cross heads 40 head_dim 128 order (visual, text) text_mask false valid valid_text
+    attention "blocks.*.attn1": self heads 40 head_dim 128 order (visual) text_mask false
+    attention "blocks.*.attn2": cross heads 40 head_dim 128 order (visual, text) text_mask false
 }
 
 # One latent frame per call; `first` = 1 for latent frame 0 (diffusers' first chunk: one video
@@ -70,7 +73,7 @@ decoder vae = diffusers.AutoencoderKLWan from "vae" {
     entry decode   # wrapped: difflet/codegen/family/wan_vae.py
     dtype float32
     input  z: float32[1, 16, 1, height / 8, width / 8]
-    input  first: int64[]
+    input  first: runtime first
     input  cache0: float32[1, 4240, 2, height / 8, width / 8]
     input  cache1: float32[1, 2496, 2, height / 4, width / 4]
     input  cache2: float32[1, 1152, 2, height / 2, width / 2]

@@ -236,6 +236,8 @@ def test_real_size_dsl_fits_the_host_steps_and_the_real_vae():
     for step in steps:
         get_step(step.name)
     assert [n.name for n in module.component("text_encoder").find(Op.INPUT)] == ["input_ids", "valid_text"]
+    assert [n.name for n in module.component("transformer").find(Op.INPUT)] == \
+        ["hidden_states", "timestep", "encoder_hidden_states"]  # what wan.denoise passes
     (name,) = steps[-1].args
     with torch.device("meta"):
         vae = AutoencoderKLWan.from_config(module.component(name).attrs["config"].to_python())

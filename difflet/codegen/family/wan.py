@@ -1,9 +1,9 @@
 """Wan 2.1 codegen hooks: WanPipeline checkpoints, the masked UMT5 program, the chunked VAE decoder.
 
 Invariants:
-- The UMT5 program takes padded input_ids and `valid_text` (0-d int64, the prompt's token count),
-  builds the attention mask from it, and returns last_hidden_state with rows >= valid_text zeroed:
-  exactly WanPipeline's `_get_t5_prompt_embeds` (mask, encode, cut, zero-pad) for one prompt.
+- The UMT5 program takes padded input_ids and the runtime value `valid_text` (the prompt's token
+  count), builds the attention mask from it, and returns last_hidden_state with rows >= valid_text
+  zeroed: exactly WanPipeline's `_get_t5_prompt_embeds` (mask, encode, cut, zero-pad) for one prompt.
 - The VAE decodes one latent frame per call, causal caches in and out (codegen.family.wan_vae),
   when its IR declares them (outputs sample, next_cache0, ...). The transformer needs no hook: it
   attends the zero-padded text unmasked, so its stock attention compiles as is.
@@ -29,7 +29,7 @@ def _input_names(node: Node) -> list[str]:
 
 
 class MaskedUMT5Encoder(torch.nn.Module):
-    """(input_ids [1, T], valid_text 0-d) -> (last_hidden_state [1, T, D] zero from valid_text on,)."""
+    """(input_ids [1, T], valid_text 0-d int64) -> (last_hidden_state [1, T, D], zero from valid_text on)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()

@@ -5,7 +5,7 @@ feature cache of the previous frames (`feat_cache`: the last <= 2 input frames p
 string "Rep" for a temporal upsampler that has seen only the first chunk). Here that cache is
 explicit tensors, so the host loops over latent frames and the program has a static shape:
 
-    (z [1, C, 1, h, w], first 0-d int64, cache0..) -> (sample [1, 3, 4, H, W], next_cache0..)
+    (z [1, C, 1, h, w], first (runtime 0/1), cache0..) -> (sample [1, 3, 4, H, W], next_cache0..)
 
 `first` = 1 for latent frame 0: diffusers' first chunk (no cache, first_chunk=True), whose one
 video frame is sample[:, :, 0] (frames 1-3 are zeros) and whose cache inputs are not read;
@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from difflet.errors import DiffletError
-from difflet.ir.nodes import Node, Op
+from difflet.ir.nodes import Node, Op, RuntimeType
 
 
 def _run_decoder(vae, z: torch.Tensor, caches: list | None):
@@ -71,10 +71,10 @@ class WanChunkDecoder(torch.nn.Module):
             raise DiffletError(f"decoder input {inputs[0].name!r} must be one latent frame "
                                f"[1, C, 1, h, w], got {list(z_shape)}", where=inputs[0].loc)
         flag = inputs[1] if len(inputs) > 1 else None
-        if flag is None or flag.name != "first" or flag.results[0].type.shape != () or \
-                flag.results[0].type.dtype != "int64":
-            raise DiffletError(f"decoder {node.name!r}: its second input must be `first: int64[]` "
-                               f"(1 for latent frame 0)", where=(flag or node).loc)
+        if flag is None or flag.name != "first" or not isinstance(flag.results[0].type, RuntimeType) \
+                or (flag.results[0].type.lo, flag.results[0].type.hi) != (0, 1):
+            raise DiffletError(f"decoder {node.name!r}: its second input must be `first`, a runtime "
+                               f"value in [0, 1] (1 for latent frame 0)", where=(flag or node).loc)
         self.slots = cache_layout(vae, z_shape)
         levels: list[tuple[int, int]] = []
         for _, h, w in self.slots:

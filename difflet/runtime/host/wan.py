@@ -84,7 +84,7 @@ def encode(env: HostEnv, encoder: Node, prompt: str) -> torch.Tensor:
     if names != ["input_ids", "valid_text"]:  # an unmasked encoder would change the valid rows
         raise DiffletError(f"text encoder {encoder.name!r} must take (input_ids, valid_text), "
                            f"takes {names}", where=encoder.loc)
-    out = env.invoke(encoder.name, input_ids=ids, valid_text=torch.tensor(valid, dtype=torch.int64))
+    out = env.invoke(encoder.name, input_ids=ids, valid_text=valid)
     return next(iter(out.values()))
 
 
@@ -128,14 +128,13 @@ def prepare_latents(env: HostEnv, step: Node, state: RequestState) -> None:
 def predict_noise(env: HostEnv, name: str, state: RequestState, latents: torch.Tensor,
                   t: torch.Tensor) -> torch.Tensor:
     """One step's model output: cond (and uncond + CFG combine when guidance > 1)."""
-    timestep, extra = t.expand(latents.shape[0]), state.values["denoise_extra"]
+    timestep = t.expand(latents.shape[0])
     cond = next(iter(env.invoke(name, hidden_states=latents, timestep=timestep,
-                                encoder_hidden_states=state.values["prompt_embeds"], **extra).values()))
+                                encoder_hidden_states=state.values["prompt_embeds"]).values()))
     if "negative_prompt_embeds" not in state.values:
         return cond
     uncond = next(iter(env.invoke(name, hidden_states=latents, timestep=timestep,
-                                  encoder_hidden_states=state.values["negative_prompt_embeds"],
-                                  **extra).values()))
+                                  encoder_hidden_states=state.values["negative_prompt_embeds"]).values()))
     return uncond + state.params.guidance * (cond - uncond)
 
 
@@ -149,14 +148,10 @@ def denoise(env: HostEnv, step: Node, state: RequestState) -> None:
         raise DiffletError(f"wan.denoise supports guidance mode 'cfg' (true CFG), not {mode!r}",
                            where=step.loc)
     extra = [n.name for n in env.component(name).find(Op.INPUT)
-             if n.name not in ("hidden_states", "timestep", "encoder_hidden_states", "valid_text")]
+             if n.name not in ("hidden_states", "timestep", "encoder_hidden_states")]
     if extra:  # Wan attends its zero-padded text unmasked: nothing else crosses per request
         raise DiffletError(f"transformer {name!r} takes inputs {extra} that wan.denoise does not "
                            f"provide", where=step.loc)
-    has_valid = bool(env.component(name).find(Op.INPUT, "valid_text"))
-    # a transformer with Difflet attention sites takes valid_text: all of the padded text is
-    # attended (zeros past the prompt), so it is the IR default, the padded length
-    state.values["denoise_extra"] = {"valid_text": env.runtime_default("valid_text")} if has_valid else {}
     scheduler = make_scheduler(step)
     scheduler.set_timesteps(state.params.steps, device="cpu")
     scheduler.set_begin_index(0)
@@ -186,7 +181,7 @@ def decode(env: HostEnv, step: Node, state: RequestState) -> None:
     caches = {n.name: torch.zeros(n.results[0].type.shape) for n in inputs[2:]}
     frames = []
     for i in range(latents.shape[2]):
-        out = env.invoke(name, z=latents[:, :, i:i + 1], first=torch.tensor(int(i == 0)), **caches)
+        out = env.invoke(name, z=latents[:, :, i:i + 1], first=int(i == 0), **caches)
         sample = out.pop("sample")
         frames.append(sample[:, :, :1] if i == 0 else sample)  # frame 0's chunk is one frame
         caches = dict(zip(caches, out.values()))
