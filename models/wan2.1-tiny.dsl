@@ -60,6 +60,10 @@ denoiser transformer = diffusers.WanTransformer3DModel from "transformer" {
     input timestep:              dtype[1]
     input encoder_hidden_states: dtype[1, max_text, 32]
     output sample: dtype[1, 4, (frames - 1) / 4 + 1, height / 8, width / 8] select 0
+
+    # planner facts, as in wan2.1.dsl: no text mask, so diffusers' processors stay
+    attention "blocks.*.attn1": self heads 2 head_dim 16 order (visual) text_mask false
+    attention "blocks.*.attn2": cross heads 2 head_dim 16 order (visual, text) text_mask false
 }
 
 # One latent frame per call; `first` = 1 for latent frame 0 (diffusers' first chunk: one video
