@@ -60,23 +60,11 @@ def programs(art):
     return load_artifacts(art).programs
 
 
-def reference_transformer(ckpt):
-    """WanTransformer3DModel built from its config.json and the checkpoint's tensors, outside
-    Difflet's loader (diffusers' from_pretrained needs accelerate for this class)."""
-    from diffusers import WanTransformer3DModel
-    from safetensors.torch import load_file
-
-    path = ckpt / "transformer"
-    model = WanTransformer3DModel.from_config(WanTransformer3DModel.load_config(str(path)))
-    model.load_state_dict(load_file(str(path / "diffusion_pytorch_model.safetensors")), strict=True)
-    return model.eval()
-
-
 @pytest.fixture(scope="module")
 def pipe(ckpt):
     from diffusers import WanPipeline
 
-    pipe = WanPipeline.from_pretrained(str(ckpt), transformer=reference_transformer(ckpt))
+    pipe = WanPipeline.from_pretrained(str(ckpt))
     pipe.set_progress_bar_config(disable=True)
     return pipe
 

@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from difflet.codegen.family import wan_loading
 from difflet.ir.nodes import Node, Op
-
-wan_loading.install()  # WanTransformer3DModel.from_pretrained without accelerate (see wan_loading)
 
 PIPELINE_CLASS = "WanPipeline"
 # WanPipeline's optional Wan 2.2 low-noise transformer; absent in Wan 2.1
