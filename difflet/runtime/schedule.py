@@ -76,6 +76,25 @@ class HostEnv:
             self._assets[key] = load()
         return self._assets[key]
 
+    def tokenizer(self, component: Node, prepare: Callable[[Any], Any] | None = None) -> tuple[Any, int]:
+        """(tokenizer, max_length) of an encoder's `tokenizer` attrs: AutoTokenizer from the
+        artifact's host/ folder (a real checkpoint's or a tiny one), loaded once per server;
+        `prepare(tok)` adjusts it once after loading (e.g. a pipeline's forced padding side)."""
+        spec = component.attrs.get("tokenizer")
+        if spec is None:
+            raise DiffletError(f"text encoder {component.name!r} declares no tokenizer", where=component.loc)
+
+        def load():
+            from transformers import AutoTokenizer
+
+            path = self.host_dir / spec["subfolder"]
+            if not path.is_dir():
+                raise DiffletError("tokenizer directory missing from the artifacts", where=str(path))
+            tok = AutoTokenizer.from_pretrained(str(path))
+            return tok if prepare is None else prepare(tok)
+
+        return self.asset(f"tokenizer:{component.name}", load), int(spec["max_length"])
+
     def runtime_default(self, name: str) -> int:
         """The IR default of a module-level runtime value (e.g. FLUX's valid_text)."""
         nodes = self.module.find(Op.RUNTIME, name)

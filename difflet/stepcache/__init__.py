@@ -7,5 +7,5 @@ calibration.py  curve fit, R^2, mode selection, threshold replay, the versioned 
 calibrate.py    reference runs on a runner -> calibration data
 commands.py     `difflet calibrate`
 The probe program itself is built by difflet/codegen/probe.py; the loop is
-difflet/runtime/host/flux.py:cached_loop. No runtime setting here reaches a compiled program.
+difflet/runtime/host/loop.py:cached_loop. No runtime setting here reaches a compiled program.
 """

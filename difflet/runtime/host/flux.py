@@ -92,23 +92,10 @@ def class_config_value(component: Node, key: str):
 
 # ---- the four steps
 
-def _tokenizer(env: HostEnv, component: Node):
-    spec = component.attrs["tokenizer"]
-
-    def load():
-        from transformers import AutoTokenizer
-
-        path = env.host_dir / spec["subfolder"]
-        if not path.is_dir():
-            raise DiffletError("tokenizer directory missing from the artifacts", where=str(path))
-        return AutoTokenizer.from_pretrained(str(path))
-
-    return env.asset(f"tokenizer:{component.name}", load), int(spec["max_length"])
-
 
 def tokenize(env: HostEnv, component: Node, prompt: str) -> torch.Tensor:
     """input_ids [1, max_length], padded to max_length and truncated, as FluxPipeline does."""
-    tokenizer, max_length = _tokenizer(env, component)
+    tokenizer, max_length = env.tokenizer(component)
     ids = tokenizer([prompt], padding="max_length", max_length=max_length, truncation=True,
                     return_length=False, return_overflowing_tokens=False,
                     return_tensors="pt").input_ids

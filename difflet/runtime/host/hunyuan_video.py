@@ -38,20 +38,6 @@ def _input_shape(component: Node, name: str) -> tuple[int, ...]:
     raise DiffletError(f"component {component.name!r} has no input {name!r}", where=component.loc)
 
 
-def _tokenizer(env: HostEnv, component: Node):
-    """The component's tokenizer from the artifact's host/ dir (real or tiny), loaded once."""
-    spec = component.attrs["tokenizer"]
-
-    def load():
-        from transformers import AutoTokenizer
-
-        path = env.host_dir / spec["subfolder"]
-        if not path.is_dir():
-            raise DiffletError("tokenizer directory missing from the artifacts", where=str(path))
-        return AutoTokenizer.from_pretrained(str(path))
-
-    return env.asset(f"tokenizer:{component.name}", load)
-
 
 def prompt_template() -> str:
     from diffusers.pipelines.hunyuan_video.pipeline_hunyuan_video import DEFAULT_PROMPT_TEMPLATE
@@ -66,7 +52,7 @@ def llama_embeds(env: HostEnv, llama: Node, text_len: int, prompt: str) -> tuple
     if crop < 0:
         raise DiffletError(f"encoder {llama.name!r} takes {length} tokens, fewer than the "
                            f"denoiser's {text_len} text tokens", where=llama.loc)
-    tokenizer = _tokenizer(env, llama)
+    tokenizer, _ = env.tokenizer(llama)
     if tokenizer.padding_side != "right":  # the valid rows must not depend on the padding
         raise DiffletError(f"the Llama tokenizer must pad on the right (padding_side='right'), "
                            f"not {tokenizer.padding_side!r}", where="tokenizer")
@@ -87,7 +73,7 @@ def llama_embeds(env: HostEnv, llama: Node, text_len: int, prompt: str) -> tuple
 def clip_pooled(env: HostEnv, clip: Node, prompt: str) -> torch.Tensor:
     """CLIP pooler_output [1, D] of the prompt padded/truncated to the program's length."""
     length = _shape(clip, Op.INPUT)[1]
-    ids = _tokenizer(env, clip)([prompt], padding="max_length", max_length=length,
+    ids = env.tokenizer(clip)[0]([prompt], padding="max_length", max_length=length,
                                 truncation=True, return_tensors="pt").input_ids
     return next(iter(env.invoke(clip.name, input_ids=ids).values()))
 

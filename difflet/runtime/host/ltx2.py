@@ -61,27 +61,17 @@ def guidance_scales(step: Node, guidance: float) -> dict:
 
 # ---- encode
 
-def _tokenizer(env: HostEnv, component: Node):
-    spec = component.attrs["tokenizer"]
 
-    def load():
-        from transformers import AutoTokenizer
-
-        path = env.host_dir / spec["subfolder"]
-        if not path.is_dir():
-            raise DiffletError("tokenizer directory missing from the artifacts", where=str(path))
-        tok = AutoTokenizer.from_pretrained(str(path))
-        tok.padding_side = "left"  # the pipeline forces Gemma's chat-style left padding
-        if tok.pad_token is None:
-            tok.pad_token = tok.eos_token
-        return tok
-
-    return env.asset(f"tokenizer:{component.name}", load), int(spec["max_length"])
+def _left_padded(tok):
+    tok.padding_side = "left"  # the pipeline forces Gemma's chat-style left padding
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
 
 
 def tokenize(env: HostEnv, component: Node, prompt: str) -> tuple[torch.Tensor, int]:
     """(input_ids [1, max_length] left-padded, valid token count), as _get_gemma_prompt_embeds."""
-    tokenizer, max_length = _tokenizer(env, component)
+    tokenizer, max_length = env.tokenizer(component, _left_padded)
     out = tokenizer([prompt.strip()], padding="max_length", max_length=max_length, truncation=True,
                     add_special_tokens=True, return_tensors="pt")
     mask = out.attention_mask[0]

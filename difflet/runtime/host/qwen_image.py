@@ -25,7 +25,7 @@ from difflet.codegen.family.qwen_image import PROMPT_TEMPLATE
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
 from difflet.runtime.host import host_step
-from difflet.runtime.host.flux import (_input_shape, _tokenizer, calculate_shift, class_config_value,
+from difflet.runtime.host.flux import (_input_shape, calculate_shift, class_config_value,
                                        make_scheduler, pack_latents)
 from difflet.runtime.host.loop import cached_loop
 from difflet.runtime.schedule import HostEnv, RequestState, schedule_steps
@@ -67,7 +67,7 @@ def encode_text(env: HostEnv, encoder: Node, text_len: int, prompt: str) -> tupl
         raise DiffletError("the profile needs `template`, the prompt-template tokens the pipeline drops "
                            "(34 for Qwen-Image)", where="template")
     drop = int(env.profile["template"])
-    tokenizer, max_length = _tokenizer(env, encoder)
+    tokenizer, max_length = env.tokenizer(encoder)
     static = _input_shape(encoder, "input_ids")[1]
     if not max_length == static == text_len + drop:
         raise DiffletError(f"text encoder {encoder.name!r} takes {static} tokens (tokenizer max_length "

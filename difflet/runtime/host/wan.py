@@ -53,25 +53,10 @@ def _input_type(component: Node, name: str):
     raise DiffletError(f"component {component.name!r} has no input {name!r}", where=component.loc)
 
 
-def _tokenizer(env: HostEnv, component: Node):
-    spec = component.attrs.get("tokenizer")
-    if spec is None:
-        raise DiffletError(f"text encoder {component.name!r} declares no tokenizer", where=component.loc)
-
-    def load():
-        from transformers import AutoTokenizer
-
-        path = env.host_dir / spec["subfolder"]
-        if not path.is_dir():
-            raise DiffletError("tokenizer directory missing from the artifacts", where=str(path))
-        return AutoTokenizer.from_pretrained(str(path))
-
-    return env.asset(f"tokenizer:{component.name}", load), int(spec["max_length"])
-
 
 def tokenize(env: HostEnv, component: Node, prompt: str) -> tuple[torch.Tensor, int]:
     """(input_ids [1, max_length], valid token count) of the cleaned prompt, as WanPipeline does."""
-    tokenizer, max_length = _tokenizer(env, component)
+    tokenizer, max_length = env.tokenizer(component)
     out = tokenizer([prompt_clean(prompt)], padding="max_length", max_length=max_length,
                     truncation=True, add_special_tokens=True, return_attention_mask=True,
                     return_tensors="pt")
