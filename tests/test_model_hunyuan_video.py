@@ -12,41 +12,28 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO, shared_store_dir
+from conftest import REPO
 from difflet.errors import DiffletError
+from oracle_util import compile_art, planned_tiny, psnr, random_checkpoint
 
 DSL = REPO / "models" / "hunyuan-video-tiny.dsl"
 ATOL = 1e-4
 PROMPT = "a red fox running in the snow"  # shorter than max_text after the crop: padding is masked
 
 
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
-    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
-
-
 @pytest.fixture(scope="module")
 def module():
-    from difflet.frontend.lower import lower_file
-    from difflet.passes.pipeline import optimize
-
-    return optimize(lower_file(str(DSL)), parallel="tp1", target="cpu", backend="inductor")
+    return planned_tiny(DSL)
 
 
 @pytest.fixture(scope="module")
 def ckpt(module):
-    from difflet.codegen.checkpoint import resolve_weights
-
-    return resolve_weights(module, "random:0", shared_store_dir())
+    return random_checkpoint(module)
 
 
 @pytest.fixture(scope="module")
 def art_dir(module, ckpt, tmp_path_factory):
-    from difflet.codegen.driver import codegen
-
-    out = tmp_path_factory.mktemp("hunyuan-video-tiny-art")
-    codegen(module, str(ckpt), out, store=shared_store_dir(), log=lambda *_: None)
-    return out
+    return compile_art(module, ckpt, tmp_path_factory.mktemp("hunyuan-video-tiny-art"))
 
 
 @pytest.fixture(scope="module")
@@ -176,8 +163,6 @@ def test_true_cfg_schedule_matches_the_pipelines_true_cfg(module, ckpt, pipe, tm
     """Mode true_cfg (optional): cond + uncond batch-1 calls per step, embedded scale from the
     step attrs; checked on eager programs, since the programs are the embedded schedule's."""
     from difflet.codegen.artifacts import eager_programs
-    from difflet.frontend.lower import lower_file
-    from difflet.passes.pipeline import optimize
     from difflet.runtime.runner import ModelRunner
 
     text = DSL.read_text()
@@ -185,7 +170,7 @@ def test_true_cfg_schedule_matches_the_pipelines_true_cfg(module, ckpt, pipe, tm
     assert embedded in text
     dsl = tmp_path / "hunyuan-video-tiny-cfg.dsl"
     dsl.write_text(text.replace(embedded, 'guidance: { mode: "true_cfg", scale: guidance, embedded: 6.0 }'))
-    cfg = optimize(lower_file(str(dsl)), parallel="tp1", target="cpu", backend="inductor")
+    cfg = planned_tiny(dsl)
     runner = ModelRunner(cfg, eager_programs(cfg, ckpt), ckpt)
     params = runner.resolve(prompt=PROMPT, seed=3, guidance=4.0, negative_prompt="dark blurry")
     ours = runner.generate(params).video

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import shared_store_dir
 from difflet.errors import DiffletError
+from oracle_util import compile_art, planned_tiny, psnr, random_checkpoint
 
 DSL = Path(__file__).resolve().parent.parent / "models" / "ltx2-tiny.dsl"
 ATOL = 1e-4
@@ -27,26 +27,17 @@ PROMPTS = ("a red fox in the snow",  # 7 of 16 tokens valid: left padding
 
 @pytest.fixture(scope="module")
 def module():
-    from difflet.frontend.lower import lower_file
-    from difflet.passes.pipeline import optimize
-
-    return optimize(lower_file(str(DSL)), parallel="tp1", target="cpu", backend="inductor")
+    return planned_tiny(DSL)
 
 
 @pytest.fixture(scope="module")
 def ckpt(module):
-    from difflet.codegen.checkpoint import resolve_weights
-
-    return resolve_weights(module, "random:0", shared_store_dir())
+    return random_checkpoint(module)
 
 
 @pytest.fixture(scope="module")
 def art_dir(module, ckpt, tmp_path_factory):
-    from difflet.codegen.driver import codegen
-
-    out = tmp_path_factory.mktemp("ltx2-tiny-art")
-    codegen(module, str(ckpt), out, store=shared_store_dir(), log=lambda *_: None)
-    return out
+    return compile_art(module, ckpt, tmp_path_factory.mktemp("ltx2-tiny-art"))
 
 
 @pytest.fixture(scope="module")
@@ -133,11 +124,6 @@ def test_decoder_programs_equal_diffusers(programs, pipe):
     assert (programs["vae"](z)[0] - ref).abs().max() <= ATOL
     assert (programs["audio_vae"](za)[0] - mel).abs().max() <= ATOL
     assert (programs["vocoder"](mel)[0] - wave).abs().max() <= ATOL
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
-    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
 
 
 @pytest.mark.parametrize("prompt,seed,steps,guidance,negative", [

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from difflet.errors import DiffletError
-from tests.conftest import shared_store_dir
+from oracle_util import compile_art, planned_tiny, psnr, random_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "models" / "qwen-image-tiny.dsl"
@@ -23,38 +23,21 @@ TOL = 1e-4
 T, DROP = 16, 34  # max_text, template tokens
 
 
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
-    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
-
-
-def _lower(path=TINY):
-    from difflet.frontend.lower import lower_file
-    from difflet.passes.pipeline import optimize
-
-    return optimize(lower_file(str(path)), parallel="tp1", target="cpu", backend="inductor")
-
-
 @pytest.fixture(scope="module")
 def module():
-    return _lower()
+    return planned_tiny(TINY)
 
 
 @pytest.fixture(scope="module")
 def ckpt(module):
-    from difflet.codegen.checkpoint import resolve_weights
-
-    return resolve_weights(module, "random:0", shared_store_dir())
+    return random_checkpoint(module)
 
 
 @pytest.fixture(scope="module")
 def runner(module, ckpt, tmp_path_factory):
-    from difflet.codegen.driver import codegen
     from difflet.runtime.runner import ModelRunner
 
-    art = tmp_path_factory.mktemp("qwen-image-tiny-art")
-    codegen(module, str(ckpt), art, store=shared_store_dir(), log=lambda *_: None)
-    return ModelRunner.from_artifacts(art)
+    return ModelRunner.from_artifacts(compile_art(module, ckpt, tmp_path_factory.mktemp("qwen-image-tiny-art")))
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +166,7 @@ def _variant(tmp_path, old, new):
     assert text.count(old) == 1
     path = tmp_path / "variant.dsl"
     path.write_text(text.replace(old, new))
-    return _lower(path)
+    return planned_tiny(path)
 
 
 def test_bad_guidance_mode_and_template_are_clear_errors(runner, tmp_path):

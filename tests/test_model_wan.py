@@ -11,17 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO, shared_store_dir
+from conftest import REPO
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Op
+from oracle_util import compile_art, psnr, random_checkpoint
 
 WAN_TINY_DSL = REPO / "models" / "wan2.1-tiny.dsl"
 PROMPT = "a red fox running through the snow"
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
-    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
 
 
 def _lower(text: str | None = None):
@@ -39,18 +35,12 @@ def module():
 
 @pytest.fixture(scope="module")
 def ckpt(module):
-    from difflet.codegen.checkpoint import resolve_weights
-
-    return resolve_weights(module, "random:0", shared_store_dir())
+    return random_checkpoint(module)
 
 
 @pytest.fixture(scope="module")
 def art(module, ckpt, tmp_path_factory):
-    from difflet.codegen.driver import codegen
-
-    out = tmp_path_factory.mktemp("wan-tiny-art")
-    codegen(module, str(ckpt), out, store=shared_store_dir(), log=lambda *_: None)
-    return out
+    return compile_art(module, ckpt, tmp_path_factory.mktemp("wan-tiny-art"))
 
 
 @pytest.fixture(scope="module")

@@ -15,11 +15,7 @@ from difflet.runtime.host import flux, get_step
 from difflet.runtime.runner import ModelRunner
 from difflet.runtime.schedule import check_schedule
 from difflet.runtime.validate import resolve_request
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
-    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
+from oracle_util import psnr
 
 
 @pytest.fixture(scope="module")

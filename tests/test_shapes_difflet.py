@@ -8,20 +8,15 @@ ModelRunner.from_artifacts with the profile's defaults: the path difflet-runtime
 """
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from difflet.train import generate, load_pipeline
 from difflet.train.checker import check
 from difflet.train.shapes_data import caption
+from oracle_util import psnr
 
 # the demo's default prompt and seed, and a second shape/colour pair; both drawn correctly
 CASES = [(("triangle", "yellow", "black"), 42), (("circle", "red", "blue"), 1)]
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
-    return float("inf") if mse == 0 else 10 * np.log10(255.0 ** 2 / mse)
 
 
 @pytest.fixture(scope="module")

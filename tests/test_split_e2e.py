@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from oracle_util import psnr
 
 pytestmark = pytest.mark.slow
 
@@ -31,11 +32,6 @@ def _plan(name: str):
 
     parallel, attention = PLANS[name]
     return optimize(lower_file(str(FLUX_TINY4)), parallel=parallel, attention=attention, target="cpu")
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
-    return float("inf") if mse == 0 else 10 * np.log10(255.0 ** 2 / mse)
 
 
 @pytest.fixture(scope="module")
