@@ -34,3 +34,33 @@ def test_demo_runs_end_to_end_and_second_run_reuses_programs(tmp_path, difflet_t
     assert png == (tmp_path / "b.png").read_bytes()
     image = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
     assert image.shape == (32, 32, 3) and image.std() > 0
+
+
+# model -> (frames or 0 for an image, height, width, fps, has sound), from the tiny DSLs' profiles
+TINY = {"qwen-image-tiny": (0, 64, 64, 0, False), "wan2.1-tiny": (9, 32, 32, 16, False),
+        "hunyuan-video-tiny": (5, 32, 32, 15, False), "ltx2-tiny": (9, 32, 32, 24, True)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", sorted(TINY))
+def test_demo_serves_every_tiny_family_over_grpc(tmp_path, difflet_test_store, model):
+    """The CLI as a user runs it, without -o: a PNG for the image model, an MP4 (AAC track for
+    LTX-2) with the profile's frames and rate for the video models."""
+    import av
+
+    frames, height, width, fps, sound = TINY[model]
+    proc = subprocess.run([sys.executable, "-m", "difflet.cli", "demo", "a red fox in the snow",
+                           "--model", model, "--store", str(difflet_test_store)],
+                          capture_output=True, text=True, timeout=1800, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = tmp_path / ("demo.mp4" if frames else "demo.png")
+    assert f"wrote {out.name}" in proc.stdout and "| request |" in proc.stdout
+    if not frames:
+        image = np.asarray(Image.open(out).convert("RGB"))
+        assert image.shape == (height, width, 3) and image.std() > 0
+        return
+    with av.open(str(out)) as container:
+        video = container.streams.video[0]
+        decoded = np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video)])
+        assert float(video.average_rate) == fps and len(container.streams.audio) == int(sound)
+    assert decoded.shape == (frames, height, width, 3) and decoded.std() > 0
