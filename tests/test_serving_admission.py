@@ -62,3 +62,17 @@ def test_cache_override_refused_when_the_runner_has_no_step_cache(flux_tiny_art)
     assert bare.check(**dict(OK, cache="off"))["cache"] == "off"
     with pytest.raises(DiffletError, match="cache: 'cadence:2': this server's runner has no step caching"):
         bare.check(**dict(OK, cache="cadence:2"))
+
+
+@pytest.mark.parametrize("dsl, limit", [
+    ("flux-tiny", (32, "text_encoder_2")),          # T5's max_length; CLIP is shorter
+    ("qwen-image-tiny", (16, "text_encoder")),      # max_text + 34 template tokens, less the template
+    ("hunyuan-video-tiny", (16, "text_encoder")),   # Llama: max_text + 95 template tokens
+])
+def test_prompt_token_limit_leaves_out_the_prompt_template(dsl, limit):
+    from conftest import REPO
+
+    from difflet.frontend.lower import lower_file
+    from difflet.runtime.startup import text_limit
+
+    assert text_limit(lower_file(str(REPO / "models" / f"{dsl}.dsl"))) == limit

@@ -122,10 +122,13 @@ def check_artifacts(root: str | Path, expect: Mapping[str, str] | None = None) -
 
 
 def text_limit(module) -> tuple[int, str]:
-    """(token limit, encoder name): the longest text encoder's compiled max_length."""
+    """(token limit, encoder name): the longest text encoder's compiled max_length, less the
+    profile's `template` tokens (Qwen-Image, HunyuanVideo wrap the prompt in a template that
+    takes that many of the encoder's positions and is cut off before the denoiser)."""
     best = (0, "")
     for comp in module.components("encoder"):
         spec = comp.attrs.get("tokenizer")
         if spec is not None and int(spec["max_length"]) > best[0]:
             best = (int(spec["max_length"]), comp.name)
-    return best
+    template = int(module.attrs["profile"].get("template", 0)) if best[1] else 0
+    return best[0] - template, best[1]
