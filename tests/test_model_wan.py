@@ -125,6 +125,16 @@ def runner(art):
     return ModelRunner.from_artifacts(art)
 
 
+def generate_counting_calls(runner, params):
+    """(result, transformer calls made): the runner's program wrapped by a counter for one request."""
+    program, calls = runner.env.programs["transformer"], []
+    runner.env.programs["transformer"] = lambda *a: calls.append(1) or program(*a)
+    try:
+        return runner.generate(params), calls
+    finally:
+        runner.env.programs["transformer"] = program
+
+
 @pytest.mark.parametrize("seed,steps,guidance,negative", [
     (42, None, None, None),                     # profile defaults: 4 steps, true CFG 5.0, ""
     (7, 3, 3.5, "blurry dark picture"),         # a negative prompt and host overrides
@@ -133,12 +143,7 @@ def runner(art):
 def test_runner_video_matches_wanpipeline(runner, pipe, seed, steps, guidance, negative):
     params = runner.resolve(prompt=PROMPT, seed=seed, steps=steps, guidance=guidance,
                             negative_prompt=negative)
-    program, calls = runner.env.programs["transformer"], []
-    runner.env.programs["transformer"] = lambda *a: calls.append(1) or program(*a)
-    try:
-        result = runner.generate(params)
-    finally:
-        runner.env.programs["transformer"] = program
+    result, calls = generate_counting_calls(runner, params)
     ref = reference_video(pipe, runner.profile, PROMPT, seed, params.steps, params.guidance, negative)
     assert result.video.shape == ref.shape == (9, 32, 32, 3)
     assert result.fps == 16 and result.media[1] == "mp4" and len(result.mp4) > 0
@@ -152,12 +157,7 @@ def test_step_caching_skips_whole_cfg_steps(runner):
     """A cached step reuses the combined (CFG) output: neither the cond nor the uncond call runs,
     and UniPC still takes every step."""
     params = runner.resolve(prompt=PROMPT, seed=5, steps=14, cache="cadence:2")
-    program, calls = runner.env.programs["transformer"], []
-    runner.env.programs["transformer"] = lambda *a: calls.append(1) or program(*a)
-    try:
-        result = runner.generate(params)
-    finally:
-        runner.env.programs["transformer"] = program
+    result, calls = generate_counting_calls(runner, params)
     cached = result.stats["cached_steps"]
     assert cached > 0 and len(calls) == 2 * (14 - cached)
     assert result.video.shape == (9, 32, 32, 3) and result.video.std() > 0

@@ -15,8 +15,6 @@ import numpy as np
 
 from difflet.errors import DiffletError
 
-MEDIA_TYPES = {"png": "image/png", "mp4": "video/mp4"}
-
 
 def encode_png(image: np.ndarray) -> bytes:
     """Deterministic PNG bytes of a uint8 [H, W, 3] array (no timestamps, fixed compression)."""

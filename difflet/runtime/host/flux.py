@@ -62,10 +62,11 @@ def _input_shape(component: Node, name: str) -> tuple[int, ...]:
 
 
 def latent_geometry(env: HostEnv, height: int, width: int) -> tuple[int, int, int]:
-    """(latent channels, latent height, latent width), as FluxPipeline.prepare_latents computes."""
+    """(latent channels, latent height, latent width), as FluxPipeline.prepare_latents computes
+    (QwenImagePipeline too: its VAE input adds a frame axis, so height is read as axis -2)."""
     vae = env.module.components("decoder")[0]
     z_shape = _input_shape(vae, vae.find(Op.INPUT)[0].name)
-    vae_scale_factor = int(env.profile["height"]) // z_shape[2]
+    vae_scale_factor = int(env.profile["height"]) // z_shape[-2]
     denoiser = env.module.components("denoiser")[0]
     channels = _input_shape(denoiser, "hidden_states")[-1] // 4
     return (channels, 2 * (int(height) // (vae_scale_factor * 2)),

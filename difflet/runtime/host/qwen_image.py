@@ -26,22 +26,11 @@ from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
 from difflet.runtime.host import host_step
 from difflet.runtime.host.flux import (_input_shape, calculate_shift, class_config_value,
-                                       make_scheduler, pack_latents)
+                                       latent_geometry, make_scheduler, pack_latents)
 from difflet.runtime.host.loop import cached_loop
 from difflet.runtime.schedule import HostEnv, RequestState, schedule_steps
 
 DEFAULT_NEGATIVE_PROMPT = " "  # the official Qwen-Image example's negative prompt
-
-
-def latent_geometry(env: HostEnv, height: int, width: int) -> tuple[int, int, int]:
-    """(latent channels, latent height, latent width), as QwenImagePipeline.prepare_latents."""
-    vae = env.module.components("decoder")[0]
-    z_shape = _input_shape(vae, vae.find(Op.INPUT)[0].name)
-    vae_scale_factor = int(env.profile["height"]) // z_shape[3]
-    denoiser = env.module.components("denoiser")[0]
-    channels = _input_shape(denoiser, "hidden_states")[-1] // 4
-    return (channels, 2 * (int(height) // (vae_scale_factor * 2)),
-            2 * (int(width) // (vae_scale_factor * 2)))
 
 
 def true_cfg(env: HostEnv, guidance: float) -> bool:
