@@ -97,7 +97,7 @@ def bench_times(world, h, t, d, seqs, reps):
 
 
 def bench_mask(h, t, d, seqs, reps):
-    from kernels.attention_ref import bounded_attention
+    from difflet.kernels.attention_ref import bounded_attention
 
     rows = []
     for v in seqs:

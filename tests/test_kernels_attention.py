@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.attention_ref import bounded_attention, merge_partials
+from difflet.kernels.attention_ref import bounded_attention, merge_partials
 
 
 def _qkv(seed, b=2, h=3, sq=7, sk=11, d=8):
@@ -63,3 +63,19 @@ def test_one_exported_program_serves_every_bound():
     for hi in (1, 5, 11):
         torch.testing.assert_close(ep.module()(q, k, v, torch.tensor(hi)), _oracle(q, k, v, 0, hi),
                                    atol=1e-5, rtol=1e-5)
+
+
+def test_top_level_kernels_name_is_not_difflets(tmp_path):
+    """The attention kernels live in difflet.kernels: a top-level `import kernels` (Hugging Face's
+    package, which diffusers probes for) must never resolve to Difflet's code."""
+    import subprocess
+    import sys
+
+    code = ("import importlib.util, pathlib\n"
+            "spec = importlib.util.find_spec('kernels')\n"
+            "origin = spec and (spec.origin or str(list(spec.submodule_search_locations)))\n"
+            "print(origin or 'absent')\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True,
+                         capture_output=True, text=True).stdout.strip()
+    repo = str(__import__("pathlib").Path(__file__).resolve().parent.parent)
+    assert out == "absent" or not out.startswith(repo), out

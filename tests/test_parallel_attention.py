@@ -1,6 +1,6 @@
 """Distributed joint attention (Ulysses, Ring, gather_kv) on real gloo ranks equals unsplit attention.
 
-Oracle: kernels.attention_ref.bounded_attention on the full, unsplit sequence with keys
+Oracle: difflet.kernels.attention_ref.bounded_attention on the full, unsplit sequence with keys
 [all visual, text] and bounds [0, V + valid_text) (itself checked against dense masked SDPA in
 test_parallel_oracle.py). Each world size is launched once (module fixture); every rank runs every
 mode at every valid_text, plus a run with garbage in the padded text keys, and returns its outputs.
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from difflet.parallel.launch import run_ranks
-from kernels.attention_ref import bounded_attention
+from difflet.kernels.attention_ref import bounded_attention
 
 B, H, V, T, D = 1, 4, 16, 8, 8  # H and V divide by 4 (cp4) and by 2 (tp2cp2)
 VALID = (1, 2, 3, 5, 8)          # >= 5 runtime values from 1 to T

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from difflet.parallel.groups import AXES, axis_groups, coords, degrees_of
-from kernels.attention_ref import bounded_attention
+from difflet.kernels.attention_ref import bounded_attention
 
 
 @pytest.mark.parametrize("valid", [1, 3, 6, 8])

@@ -18,7 +18,7 @@ import torch
 
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
-from kernels.attention_ref import bounded_attention
+from difflet.kernels.attention_ref import bounded_attention
 
 
 def joint_bounded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, text_len: int,

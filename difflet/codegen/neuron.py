@@ -6,7 +6,7 @@ what to install and where. Nothing is ever faked: without the SDK no program is 
 
 Plan (per docs): single-core components via `torch_neuronx.trace(module, example_inputs)` saved
 with `torch.jit.save`; tensor-parallel components via `neuronx_distributed.trace.model_builder.
-ModelBuilder` with weights presharded per rank; attention via the NKI kernel of kernels/README.md.
+ModelBuilder` with weights presharded per rank; attention via the NKI kernel of difflet/kernels/README.md.
 """
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 
 from difflet.parallel import comm
-from kernels.attention_ref import bounded_attention
+from difflet.kernels.attention_ref import bounded_attention
 
 MODES = ("ulysses", "ring", "gather_kv")
 
