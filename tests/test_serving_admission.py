@@ -14,7 +14,8 @@ OK = dict(prompt="a red fox", seed=1, steps=None, guidance=None, height=0, width
 
 @pytest.fixture(scope="module")
 def admission(flux_tiny_art):
-    return Admission(check_artifacts(flux_tiny_art))
+    # strict: the prompt-length refusal below is that policy's; truncate is in test_prompt_policy.py
+    return Admission(check_artifacts(flux_tiny_art), prompt_policy="strict")
 
 
 def test_defaults_are_filled_from_the_profile(admission):

@@ -7,22 +7,30 @@ and never reaches a model process. Torch-free (the T5/CLIP tokenizers are read w
 Invariants:
 - Every rejection is a DiffletError whose `where` is the field and whose message starts with it
   (gRPC details read "steps: 0 is outside [1, 1000]"); the service maps it to INVALID_ARGUMENT.
-- Prompt policy: a prompt longer than the longest text encoder's compiled max_length (special
-  tokens included) is REJECTED naming the limit, never silently truncated; shorter encoders
-  (FLUX's CLIP) truncate as the reference pipeline does.
+- Prompt policy `truncate` (the default): every text encoder truncates the prompt (and a set
+  negative prompt, on true-CFG models) at its compiled max_length, as the family's reference
+  pipeline does (right side, special tokens and template positions included); nothing is refused
+  for length, since no reference pipeline refuses a long prompt. `admit` returns one
+  `Truncation` per encoder that drops tokens (which encoder, tokens kept of how many), counted
+  on the host's own tokenizer.json, so the reply can say what the model did not read.
+- Prompt policy `strict`: a prompt longer than the longest text encoder's max_length less the
+  template positions (special tokens included) is REJECTED naming `prompt` and the limit;
+  shorter encoders (FLUX's CLIP) still truncate, and are reported.
 - Cache overrides are parsed here with the step-cache package's own parser (syntax and
   ranges); the runner checks what needs the artifacts (a calibration file's ties).
 """
 from __future__ import annotations
 
 import math
-import threading
 from pathlib import Path
 from typing import Any
 
 from difflet.errors import DiffletError
+from difflet.runtime.prompt_text import PromptLengths, Truncation, uses_negative_prompt
 from difflet.runtime.startup import ArtifactInfo, text_limit
 from difflet.runtime.validate import resolve_request
+
+PROMPT_POLICIES = ("truncate", "strict")
 
 MAX_REQUEST_ID = 128
 CACHE_SYNTAX = "off | cadence:N | online-delta:ALPHA | calibrated:FILE[:THRESHOLD]"
@@ -84,38 +92,46 @@ class Admission:
     """The serving profile's request checks; `check(**fields)` -> fields for the model process."""
 
     def __init__(self, info: ArtifactInfo, default_cache: str = "off",
-                 cache_available: bool = True) -> None:
+                 cache_available: bool = True, prompt_policy: str = "truncate") -> None:
+        if prompt_policy not in PROMPT_POLICIES:
+            raise DiffletError(f"prompt policy {prompt_policy!r} is not one of {PROMPT_POLICIES}",
+                               where="--prompt-policy")
         self.profile = info.profile
         self.default_cache = default_cache
         self.cache_available = cache_available
+        self.prompt_policy = prompt_policy
         self.token_limit, self.limit_encoder = text_limit(info.module)
-        self._tokenizer_dir = None
-        if self.limit_encoder:
-            spec = info.module.component(self.limit_encoder).attrs["tokenizer"]
-            self._tokenizer_dir = Path(info.root) / info.manifest.get("host", "host") / spec["subfolder"]
-        self._tokenizer = None
-        self._lock = threading.Lock()
+        self.lengths = PromptLengths(info.module, Path(info.root) / info.manifest.get("host", "host"))
+        self.negative_reaches_encoders = uses_negative_prompt(info.module)
 
     def prompt_tokens(self, prompt: str) -> int:
-        """Tokens the limiting encoder's tokenizer makes of `prompt`, special tokens included."""
-        with self._lock:
-            if self._tokenizer is None:
-                from tokenizers import Tokenizer
+        """Tokens the limiting encoder's tokenizer makes of the bare `prompt`, special tokens included."""
+        return len(self.lengths.tokenizer(self.limit_encoder).encode(prompt).ids)
 
-                self._tokenizer = Tokenizer.from_file(str(self._tokenizer_dir / "tokenizer.json"))
-            return len(self._tokenizer.encode(prompt).ids)
+    def truncations(self, prompt: str, negative_prompt: str | None = None) -> list[Truncation]:
+        """What each encoder's truncation drops of the prompt (and of a negative prompt the model reads)."""
+        cuts = self.lengths.truncations("prompt", prompt)
+        if negative_prompt and self.negative_reaches_encoders:
+            cuts += self.lengths.truncations("negative_prompt", negative_prompt)
+        return cuts
 
-    def check(self, *, prompt: str, seed: int, steps: int | None, guidance: float | None,
+    def check(self, **fields: Any) -> dict[str, Any]:
+        """`admit` without the truncation report: the fields for the model process."""
+        return self.admit(**fields)[0]
+
+    def admit(self, *, prompt: str, seed: int, steps: int | None, guidance: float | None,
               height: int, width: int, request_id: str, cache: str,
-              negative_prompt: str | None = None) -> dict[str, Any]:
+              negative_prompt: str | None = None) -> tuple[dict[str, Any], list[Truncation]]:
+        """(fields for the model process, truncations to report); raises DiffletError naming the field."""
         params = resolve_request(self.profile, prompt=prompt, seed=seed, steps=steps,
                                  guidance=guidance, height=height, width=width,
                                  request_id=check_request_id(request_id), negative_prompt=negative_prompt)
-        if self._tokenizer_dir is not None:
+        if self.prompt_policy == "strict" and self.limit_encoder:
             n = self.prompt_tokens(prompt)
             if n > self.token_limit:
                 raise _fail("prompt", f"{n} tokens exceeds the text encoder limit of "
                                       f"{self.token_limit} tokens ({self.limit_encoder}); shorten it")
+        cuts = self.truncations(prompt, negative_prompt)
         cache = check_cache_mode(cache) if cache.strip() else ""
         if cache and cache != "off" and not self.cache_available:
             raise _fail("cache", f"{cache!r}: this server's runner has no step caching")
@@ -124,4 +140,4 @@ class Admission:
                   "request_id": params.request_id, "cache": cache or None}
         if negative_prompt is not None:  # only when set: the runner's family picks the default
             fields["negative_prompt"] = negative_prompt
-        return fields
+        return fields, cuts

@@ -5,6 +5,7 @@ Invariants:
   defaults; height/width 0 mean the same.
 - `wait_serving` waits on the server's own health stream (no polling sleeps).
 - `generate_stream` yields the server's events (queued, progress, result) as they come.
+- `truncation_notice(reply)` is one line naming each encoder that cut the prompt, or None.
 """
 from __future__ import annotations
 
@@ -51,6 +52,15 @@ def generate_stream(server: str, prompt: str, seed: int = 0, *, timeout: float |
     with channel(server) as ch:
         yield from pb_grpc.DiffletStub(ch).GenerateStream(make_request(prompt, seed, **fields),
                                                           timeout=timeout)
+
+
+def truncation_notice(reply: pb.GenerateReply) -> str | None:
+    """"note: prompt truncated: text_encoder kept 16 of 41 tokens (25 dropped); ..." or None."""
+    if not reply.truncated:
+        return None
+    parts = [f"{c.field}: {c.encoder} kept {c.kept} of {c.tokens} tokens ({c.dropped} dropped)"
+             for c in reply.truncated]
+    return "note: truncated as the reference pipeline does: " + "; ".join(parts)
 
 
 def cancel(server: str, request_id: str, timeout: float = 10.0) -> pb.CancelReply:

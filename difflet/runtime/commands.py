@@ -3,7 +3,8 @@
 Invariants: torch and grpc are imported inside command bodies; a gRPC failure is one stderr
 line, exit 2 for INVALID_ARGUMENT (the user's request was wrong), exit 1 for anything else.
 `difflet generate` calls GenerateStream and draws its progress on stderr only when stderr is a
-terminal (or --progress), so scripts and logs get just the result line.
+terminal (or --progress), so scripts and logs get just the result line; a prompt the server
+truncated adds one "note: truncated ..." line on stderr.
 """
 from __future__ import annotations
 
@@ -67,6 +68,9 @@ def generate(prompt: str, server: str, seed: int, output: str, negative_prompt: 
         raise DiffletError(f"cannot write the {kind.upper()}: {err.strerror}", where=output) from None
     if Path(output).suffix.lower() != f".{kind}":  # written all the same: a result is never lost
         click.echo(f"note: the server returned {kind.upper()} data; {output} holds it", err=True)
+    notice = client.truncation_notice(reply)
+    if notice:
+        click.echo(notice, err=True)
     t = reply.timings
     cached = f", {reply.cached_steps} cached" if reply.cached_steps else ""
     size = f"{reply.width}x{reply.height}" + (f"x{reply.frames} frames at {reply.fps:g} fps" if reply.frames else "")

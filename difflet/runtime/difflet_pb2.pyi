@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "seed", "steps", "guidance", "height", "width", "request_id", "cache")
+    __slots__ = ("prompt", "seed", "steps", "guidance", "height", "width", "request_id", "cache", "negative_prompt")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class GenerateRequest(_message.Message):
     WIDTH_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
+    NEGATIVE_PROMPT_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     seed: int
     steps: int
@@ -24,7 +25,8 @@ class GenerateRequest(_message.Message):
     width: int
     request_id: str
     cache: str
-    def __init__(self, prompt: _Optional[str] = ..., seed: _Optional[int] = ..., steps: _Optional[int] = ..., guidance: _Optional[float] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., request_id: _Optional[str] = ..., cache: _Optional[str] = ...) -> None: ...
+    negative_prompt: str
+    def __init__(self, prompt: _Optional[str] = ..., seed: _Optional[int] = ..., steps: _Optional[int] = ..., guidance: _Optional[float] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., request_id: _Optional[str] = ..., cache: _Optional[str] = ..., negative_prompt: _Optional[str] = ...) -> None: ...
 
 class Timings(_message.Message):
     __slots__ = ("encode_ms", "denoise_ms", "decode_ms", "total_ms", "queue_ms")
@@ -41,8 +43,11 @@ class Timings(_message.Message):
     def __init__(self, encode_ms: _Optional[float] = ..., denoise_ms: _Optional[float] = ..., decode_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., queue_ms: _Optional[float] = ...) -> None: ...
 
 class GenerateReply(_message.Message):
-    __slots__ = ("png", "seed", "steps", "timings", "request_id", "guidance", "height", "width", "cached_steps", "denoiser_calls", "cache", "model_pid", "replica")
+    __slots__ = ("png", "mp4", "frames", "fps", "seed", "steps", "timings", "request_id", "guidance", "height", "width", "cached_steps", "denoiser_calls", "cache", "model_pid", "replica", "truncated")
     PNG_FIELD_NUMBER: _ClassVar[int]
+    MP4_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    FPS_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
@@ -55,7 +60,11 @@ class GenerateReply(_message.Message):
     CACHE_FIELD_NUMBER: _ClassVar[int]
     MODEL_PID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     png: bytes
+    mp4: bytes
+    frames: int
+    fps: float
     seed: int
     steps: int
     timings: Timings
@@ -68,7 +77,22 @@ class GenerateReply(_message.Message):
     cache: str
     model_pid: int
     replica: int
-    def __init__(self, png: _Optional[bytes] = ..., seed: _Optional[int] = ..., steps: _Optional[int] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., request_id: _Optional[str] = ..., guidance: _Optional[float] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., cached_steps: _Optional[int] = ..., denoiser_calls: _Optional[int] = ..., cache: _Optional[str] = ..., model_pid: _Optional[int] = ..., replica: _Optional[int] = ...) -> None: ...
+    truncated: _containers.RepeatedCompositeFieldContainer[PromptTruncation]
+    def __init__(self, png: _Optional[bytes] = ..., mp4: _Optional[bytes] = ..., frames: _Optional[int] = ..., fps: _Optional[float] = ..., seed: _Optional[int] = ..., steps: _Optional[int] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., request_id: _Optional[str] = ..., guidance: _Optional[float] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., cached_steps: _Optional[int] = ..., denoiser_calls: _Optional[int] = ..., cache: _Optional[str] = ..., model_pid: _Optional[int] = ..., replica: _Optional[int] = ..., truncated: _Optional[_Iterable[_Union[PromptTruncation, _Mapping]]] = ...) -> None: ...
+
+class PromptTruncation(_message.Message):
+    __slots__ = ("field", "encoder", "tokens", "kept", "dropped")
+    FIELD_FIELD_NUMBER: _ClassVar[int]
+    ENCODER_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KEPT_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    field: str
+    encoder: str
+    tokens: int
+    kept: int
+    dropped: int
+    def __init__(self, field: _Optional[str] = ..., encoder: _Optional[str] = ..., tokens: _Optional[int] = ..., kept: _Optional[int] = ..., dropped: _Optional[int] = ...) -> None: ...
 
 class Queued(_message.Message):
     __slots__ = ("request_id", "position")
@@ -155,7 +179,7 @@ class ServingState(_message.Message):
     def __init__(self, processes: _Optional[_Iterable[_Union[ModelProcess, _Mapping]]] = ..., queue_size: _Optional[int] = ..., queue_depth: _Optional[int] = ..., recoveries: _Optional[int] = ..., request_timeout_s: _Optional[float] = ..., grace_s: _Optional[float] = ...) -> None: ...
 
 class Profile(_message.Message):
-    __slots__ = ("model", "family", "height", "width", "steps", "guidance", "max_text", "dtype", "parallel", "target", "components", "attrs", "cache", "prompt_tokens", "serving")
+    __slots__ = ("model", "family", "height", "width", "steps", "guidance", "max_text", "dtype", "parallel", "target", "components", "attrs", "cache", "prompt_tokens", "prompt_policy", "serving")
     class AttrsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -177,6 +201,7 @@ class Profile(_message.Message):
     ATTRS_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_POLICY_FIELD_NUMBER: _ClassVar[int]
     SERVING_FIELD_NUMBER: _ClassVar[int]
     model: str
     family: str
@@ -192,5 +217,6 @@ class Profile(_message.Message):
     attrs: _containers.ScalarMap[str, str]
     cache: str
     prompt_tokens: int
+    prompt_policy: str
     serving: ServingState
-    def __init__(self, model: _Optional[str] = ..., family: _Optional[str] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., steps: _Optional[int] = ..., guidance: _Optional[float] = ..., max_text: _Optional[int] = ..., dtype: _Optional[str] = ..., parallel: _Optional[str] = ..., target: _Optional[str] = ..., components: _Optional[_Iterable[str]] = ..., attrs: _Optional[_Mapping[str, str]] = ..., cache: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., serving: _Optional[_Union[ServingState, _Mapping]] = ...) -> None: ...
+    def __init__(self, model: _Optional[str] = ..., family: _Optional[str] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., steps: _Optional[int] = ..., guidance: _Optional[float] = ..., max_text: _Optional[int] = ..., dtype: _Optional[str] = ..., parallel: _Optional[str] = ..., target: _Optional[str] = ..., components: _Optional[_Iterable[str]] = ..., attrs: _Optional[_Mapping[str, str]] = ..., cache: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., prompt_policy: _Optional[str] = ..., serving: _Optional[_Union[ServingState, _Mapping]] = ...) -> None: ...

@@ -2,7 +2,7 @@
 
     difflet-runtime --artifacts ART --port P [--queue-size N] [--request-timeout S] [--grace S]
                     [--cache MODE] [--metrics-port P] [--replicas N] [--threads N]
-                    [--profile KEY=VALUE ...]
+                    [--profile KEY=VALUE ...] [--prompt-policy truncate|strict]
 
 Invariants:
 - Startup order: torch-free artifact checks (manifest vs module.ir, hashes of module.ir, rank
@@ -44,7 +44,7 @@ class DiffletServer:
     def __init__(self, art: str, host: str = "127.0.0.1", port: int = 0, *, queue_size: int = 16,
                  request_timeout: float | None = None, grace: float = 10.0, cache: str = "off",
                  replicas: int = 1, expect: dict | None = None, verify: bool = True,
-                 threads: int = 0) -> None:
+                 threads: int = 0, prompt_policy: str = "truncate") -> None:
         from difflet.runtime.admission import Admission, check_cache_mode
         from difflet.runtime.dispatcher import Dispatcher
         from difflet.runtime.metrics import Metrics
@@ -61,7 +61,8 @@ class DiffletServer:
         cache_ok = "cache" in inspect.signature(ModelRunner.from_artifacts).parameters
         if self.cache != "off" and not cache_ok:
             raise DiffletError(f"{self.cache!r}: this build's runner has no step caching", where="--cache")
-        self.admission = Admission(self.info, self.cache, cache_available=cache_ok)
+        self.admission = Admission(self.info, self.cache, cache_available=cache_ok,
+                                   prompt_policy=prompt_policy)
         self.metrics = Metrics()
         self.health = health.HealthServicer()
         threads = threads or max(1, (os.cpu_count() or 1) // replicas)
@@ -160,9 +161,13 @@ def _expectations(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--profile", "expect", multiple=True, metavar="KEY=VALUE",
               help="serving profile the artifacts must match (model, height, tp, ...); repeatable")
 @click.option("--no-verify", is_flag=True, help="skip artifact checksum verification at load")
+@click.option("--prompt-policy", default="truncate", show_default=True,
+              type=click.Choice(["truncate", "strict"]),
+              help="over-long prompts: truncate per encoder as the reference pipeline does "
+                   "(reported in the reply), or refuse them (INVALID_ARGUMENT)")
 def main(art: str, port: int, host: str, queue_size: int, request_timeout: float, grace: float,
          cache: str, metrics_port: int | None, replicas: int, threads: int,
-         expect: tuple[str, ...], no_verify: bool) -> None:
+         expect: tuple[str, ...], no_verify: bool, prompt_policy: str) -> None:
     """Serve one compiled profile over gRPC (difflet.v1.Difflet + grpc.health.v1 + reflection)."""
     stop = threading.Event()
     serving = threading.Event()
@@ -180,7 +185,7 @@ def main(art: str, port: int, host: str, queue_size: int, request_timeout: float
         server = DiffletServer(art, host, port, queue_size=queue_size,
                                request_timeout=request_timeout or None, grace=grace, cache=cache,
                                replicas=replicas, expect=_expectations(expect), verify=not no_verify,
-                               threads=threads)
+                               threads=threads, prompt_policy=prompt_policy)
         bound = server.start()
         click.echo(f"starting on {host}:{bound}")
         if metrics_port is not None:

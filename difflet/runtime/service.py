@@ -11,9 +11,12 @@ Invariants:
   from admission (queue time included). The handler itself answers DEADLINE_EXCEEDED when it
   passes, whatever the model process is doing; the dispatcher then asks the process to stop.
 - A call that ends early (client cancel or disconnect) cancels its job.
+- The reply's `truncated` lists admission's truncations of this request (which encoder kept how
+  many of how many tokens); each truncated request is logged as one warning line.
 """
 from __future__ import annotations
 
+import logging
 import queue
 import time
 from typing import Callable
@@ -34,6 +37,7 @@ _REJECT_CODES = {"queue_full": grpc.StatusCode.RESOURCE_EXHAUSTED,
                  "unavailable": grpc.StatusCode.UNAVAILABLE,
                  "duplicate_id": grpc.StatusCode.INVALID_ARGUMENT}
 _NO_DEADLINE = 1e8  # time_remaining() of a call without a deadline is huge or None
+log = logging.getLogger("difflet.runtime")
 
 
 class DiffletServicer(pb_grpc.DiffletServicer):
@@ -47,7 +51,7 @@ class DiffletServicer(pb_grpc.DiffletServicer):
     # ---- admission
     def _admit(self, request: pb.GenerateRequest, context: grpc.ServicerContext):
         try:
-            fields = self.admission.check(
+            fields, cuts = self.admission.admit(
                 prompt=request.prompt, seed=request.seed,
                 steps=request.steps if request.HasField("steps") else None,
                 guidance=request.guidance if request.HasField("guidance") else None,
@@ -63,7 +67,11 @@ class DiffletServicer(pb_grpc.DiffletServicer):
             self.metrics.rejected(rej.reason)
             context.abort(_REJECT_CODES[rej.reason], rej.message)
         context.add_callback(lambda: self._call_ended(job))
-        return job
+        if cuts:
+            log.warning("request %s: prompt truncated: %s", job.request_id,
+                        "; ".join(cut.describe() for cut in cuts))
+        return job, [pb.PromptTruncation(field=c.field, encoder=c.encoder, tokens=c.tokens,
+                                         kept=c.limit, dropped=c.dropped) for c in cuts]
 
     def _call_ended(self, job) -> None:
         """gRPC ended the call (client cancel, disconnect, or its deadline): drop the job."""
@@ -87,7 +95,7 @@ class DiffletServicer(pb_grpc.DiffletServicer):
         elif not job.done.wait(max(0.0, job.deadline - time.monotonic())):
             self.dispatcher.expire(job)
 
-    def _reply(self, job, context: grpc.ServicerContext) -> pb.GenerateReply:
+    def _reply(self, job, truncated, context: grpc.ServicerContext) -> pb.GenerateReply:
         if job.code != "ok":
             context.abort(_CODES[job.code], job.message)
         r, t = job.result, job.result["timings"]
@@ -96,19 +104,19 @@ class DiffletServicer(pb_grpc.DiffletServicer):
             seed=r["seed"], steps=r["steps"], guidance=r["guidance"],
             height=r["height"], width=r["width"], request_id=r["request_id"],
             cached_steps=r["cached_steps"], denoiser_calls=r["denoiser_calls"], cache=r["cache"],
-            model_pid=job.pid, replica=job.replica,
+            model_pid=job.pid, replica=job.replica, truncated=truncated,
             timings=pb.Timings(encode_ms=t.get("encode", 0.0), denoise_ms=t.get("denoise", 0.0),
                                decode_ms=t.get("decode", 0.0), total_ms=t.get("total", 0.0),
                                queue_ms=job.queue_ms))
 
     # ---- RPCs
     def Generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> pb.GenerateReply:
-        job = self._admit(request, context)
+        job, truncated = self._admit(request, context)
         self._wait(job)
-        return self._reply(job, context)
+        return self._reply(job, truncated, context)
 
     def GenerateStream(self, request: pb.GenerateRequest, context: grpc.ServicerContext):
-        job = self._admit(request, context)
+        job, truncated = self._admit(request, context)
         while True:  # every event up to "end" is shown: finish() puts "end" after the last progress
             timeout = None if job.deadline is None else job.deadline - time.monotonic()
             if timeout is not None and timeout <= 0:  # events keep coming; check the clock too
@@ -126,7 +134,7 @@ class DiffletServicer(pb_grpc.DiffletServicer):
                 _, step, total, cached, pid = event
                 yield pb.GenerateEvent(progress=pb.Progress(
                     request_id=job.request_id, step=step, total=total, cached=cached, model_pid=pid))
-        yield pb.GenerateEvent(result=self._reply(job, context))
+        yield pb.GenerateEvent(result=self._reply(job, truncated, context))
 
     def Cancel(self, request: pb.CancelRequest, context: grpc.ServicerContext) -> pb.CancelReply:
         if not request.request_id:
@@ -147,4 +155,5 @@ class DiffletServicer(pb_grpc.DiffletServicer):
             components=[c.name for c in module.components()],
             attrs={k: str(v) for k, v in profile.items() if k not in _PROFILE_FIELDS},
             cache=self.cache, prompt_tokens=self.admission.token_limit,
+            prompt_policy=self.admission.prompt_policy,
             serving=self.serving_state())

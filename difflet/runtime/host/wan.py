@@ -17,8 +17,6 @@ Invariants:
 """
 from __future__ import annotations
 
-import html
-
 import numpy as np
 import torch
 
@@ -27,24 +25,10 @@ from difflet.ir.nodes import Node, Op
 from difflet.runtime.host import host_step
 from difflet.runtime.host.flux import class_config_value, make_scheduler
 from difflet.runtime.host.loop import cached_loop
+from difflet.runtime.prompt_text import prompt_clean  # shared with admission's token counts
 from difflet.runtime.schedule import HostEnv, RequestState
 
 WAN_FPS = 16  # the fps WanPipeline's examples export at (export_to_video(..., fps=16))
-
-
-def prompt_clean(text: str) -> str:
-    """WanPipeline's prompt_clean: basic_clean (ftfy if installed, html unescape x2, strip),
-    then whitespace runs -> one space, strip."""
-    import regex
-
-    try:
-        import ftfy
-    except ImportError:  # the pipeline skips ftfy when it is not installed, and so do we
-        ftfy = None
-    if ftfy is not None:
-        text = ftfy.fix_text(text)
-    text = html.unescape(html.unescape(text)).strip()
-    return regex.sub(r"\s+", " ", text).strip()
 
 
 def _input_type(component: Node, name: str):
