@@ -298,3 +298,29 @@ def test_negative_prompt_truncation_is_reported_where_the_model_reads_it():
         prompt="a fox", negative_prompt=long, **OK)
     assert [(c.field, c.encoder, c.tokens, c.limit) for c in cuts] == [
         ("negative_prompt", "text_encoder", 41, 16)]
+
+
+def test_tokenizer_folder_without_tokenizer_json_is_counted_like_the_host(tmp_path):
+    """FLUX.1-dev's CLIP tokenizer ships vocab.json + merges.txt only: admission converts it (in a
+    child process) and counts what the host's AutoTokenizer makes of the same files."""
+    import json
+
+    from transformers import AutoTokenizer, CLIPTokenizer
+
+    from difflet.runtime.prompt_text import _counting_tokenizer, tokenizer_json
+
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
+    vocab.update({c: 2 + i for i, c in enumerate(letters)})
+    vocab.update({c + "</w>": 28 + i for i, c in enumerate(letters)})
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab))
+    (tmp_path / "merges.txt").write_text("#version: 0.2\n")  # no merges: one token per letter
+    CLIPTokenizer(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt"),
+                  model_max_length=77).save_pretrained(str(tmp_path))
+    (tmp_path / "tokenizer.json").unlink()
+    host = AutoTokenizer.from_pretrained(str(tmp_path))
+    ours = _counting_tokenizer(tokenizer_json(tmp_path))
+    for prompt in ("a red fox", "Snow  FOX\tin the woods " * 9):
+        assert ours.encode(prompt).ids == host(prompt).input_ids
+    with pytest.raises(DiffletError, match="tokenizer directory missing"):
+        tokenizer_json(tmp_path / "absent")

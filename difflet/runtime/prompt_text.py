@@ -13,14 +13,21 @@ Invariants:
   (what `truncation=True` does in every reference pipeline), so the positions lost are
   tokens(full text) - max_length; template positions count like any other.
 - Counting never truncates or pads: tokenizer.json's own truncation/padding settings are cleared.
+- A tokenizer folder without tokenizer.json (FLUX.1-dev's CLIP ships only vocab.json and
+  merges.txt) is converted once, at construction, by `transformers` in a child process (the
+  fast tokenizer the host's AutoTokenizer builds from the same files), so the API process
+  itself never imports transformers or torch.
 """
 from __future__ import annotations
 
 import html
-import threading
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+
+from difflet.errors import DiffletError
 
 # QwenImagePipeline.prompt_template_encode (copy of codegen/family/qwen_image.PROMPT_TEMPLATE,
 # which imports torch; tests/test_prompt_policy.py holds them equal)
@@ -133,8 +140,37 @@ class EncoderInput:
     format: Callable[[str], str]
 
 
+_CONVERT = ("import sys; from transformers import AutoTokenizer; "
+            "sys.stdout.write(AutoTokenizer.from_pretrained(sys.argv[1]).backend_tokenizer.to_str())")
+
+
+def tokenizer_json(folder: Path) -> str:
+    """The folder's tokenizer.json text, converted from its other files when it has none."""
+    path = folder / "tokenizer.json"
+    if path.is_file():
+        return path.read_text(encoding="utf-8")
+    if not folder.is_dir():
+        raise DiffletError("tokenizer directory missing from the artifacts", where=str(folder))
+    done = subprocess.run([sys.executable, "-c", _CONVERT, str(folder)], capture_output=True,
+                          text=True, timeout=600)
+    if done.returncode != 0 or not done.stdout.startswith("{"):
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise DiffletError(f"tokenizer has no tokenizer.json and transformers cannot build one: {last}",
+                           where=str(folder))
+    return done.stdout
+
+
+def _counting_tokenizer(text: str):
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(text)
+    tok.no_truncation()
+    tok.no_padding()
+    return tok
+
+
 class PromptLengths:
-    """Per-encoder token counts of a prompt as the host tokenizes it; thread-safe, lazy."""
+    """Per-encoder token counts of a prompt as the host tokenizes it; tokenizers load at construction."""
 
     def __init__(self, module, host_dir: Path) -> None:
         family = str(module.attrs.get("family", ""))
@@ -147,21 +183,12 @@ class PromptLengths:
             fmt = (lambda p, t=comp.name in templated: encoder_text(family, t, p))
             self.encoders.append(EncoderInput(comp.name, Path(host_dir) / spec["subfolder"],
                                               int(spec["max_length"]), fmt))
-        self._tokenizers: dict[str, object] = {}
-        self._lock = threading.Lock()
+        self._tokenizers = {e.name: _counting_tokenizer(tokenizer_json(e.tokenizer_dir))
+                            for e in self.encoders}  # at startup: a broken folder fails there
 
     def tokenizer(self, encoder: str):
-        """The encoder's tokenizers.Tokenizer, with tokenizer.json's truncation and padding off."""
-        with self._lock:
-            if encoder not in self._tokenizers:
-                from tokenizers import Tokenizer
-
-                path = next(e.tokenizer_dir for e in self.encoders if e.name == encoder)
-                tok = Tokenizer.from_file(str(path / "tokenizer.json"))
-                tok.no_truncation()
-                tok.no_padding()
-                self._tokenizers[encoder] = tok
-            return self._tokenizers[encoder]
+        """The encoder's tokenizers.Tokenizer (truncation and padding off; encode is thread-safe)."""
+        return self._tokenizers[encoder]
 
     def count(self, encoder: EncoderInput, prompt: str) -> int:
         """Tokens of the encoder's full input for `prompt` (template and special tokens included)."""
