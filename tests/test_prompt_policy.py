@@ -53,13 +53,20 @@ def server(flux_tiny_art):
     from difflet.runtime.demo import start_server, stop_server
 
     proc, address = start_server(flux_tiny_art)
-    yield address
+    yield address, proc
     assert stop_server(proc) == 0
+
+
+def server_log(proc) -> list[str]:
+    """The server's stderr so far (launch_server sends it to a temporary file)."""
+    proc.errlog.seek(0)
+    return proc.errlog.read().splitlines()
 
 
 def test_flux_long_prompt_is_truncated_like_fluxpipeline(server, flux_tiny_art, flux_tiny_ckpt, tmp_path):
     from diffusers import FluxPipeline
 
+    server, proc = server
     prompt = vocab_prompt(flux_tiny_art / "host" / "tokenizer_2", 199)  # T5: 199 + </s> = 200 tokens
     reply = client.generate(server, prompt, 5, timeout=300)
     report = {(c.field, c.encoder): (c.tokens, c.kept, c.dropped) for c in reply.truncated}
@@ -75,6 +82,10 @@ def test_flux_long_prompt_is_truncated_like_fluxpipeline(server, flux_tiny_art, 
                                num_inference_steps=reply.steps, guidance_scale=reply.guidance,
                                height=32, width=32, max_sequence_length=max_sequence_length).images[0])
 
+    logged = [line for line in server_log(proc) if f"request {reply.request_id}:" in line]
+    assert logged == [f"request {reply.request_id}: prompt truncated: "
+                      "prompt: text_encoder kept 16 of 201 tokens (185 dropped); "
+                      "prompt: text_encoder_2 kept 32 of 200 tokens (168 dropped)"]
     ours = np.asarray(Image.open(io.BytesIO(reply.png)).convert("RGB"))
     assert close_images(ours, reference(32))
     assert not close_images(ours, reference(64))  # T5 reading 32 more tokens: a different image
@@ -90,6 +101,9 @@ def test_flux_long_prompt_is_truncated_like_fluxpipeline(server, flux_tiny_art, 
 
 
 def test_short_prompt_reports_no_truncation(server):
+    server, proc = server
+    reply = client.generate(server, "a red fox", 1, timeout=300)
+    assert not [line for line in server_log(proc) if f"request {reply.request_id}:" in line]
     assert list(client.generate(server, "a red fox", 1, timeout=300).truncated) == []
     assert client.get_profile(server).prompt_policy == "truncate"
 
@@ -105,6 +119,8 @@ def test_strict_policy_refuses_as_before_and_truncate_admits(flux_tiny_art):
     assert err.value.where == "prompt"
     assert err.value.message.startswith(
         "prompt: 33 tokens exceeds the text encoder limit of 32 tokens (text_encoder_2)")
+    _, cuts = Admission(info, prompt_policy="strict").admit(prompt="word " * 31, **OK)
+    assert [(c.encoder, c.dropped) for c in cuts] == [("text_encoder", 17)]  # CLIP still cuts: 33 -> 16
     fields, cuts = Admission(info).admit(prompt=prompt, **OK)
     assert fields["prompt"] == prompt
     assert [(c.encoder, c.tokens, c.limit, c.dropped) for c in cuts] == [
