@@ -89,7 +89,8 @@ def check_request_id(request_id: str) -> str:
 
 
 class Admission:
-    """The serving profile's request checks; `check(**fields)` -> fields for the model process."""
+    """The serving profile's request checks: `admit(**fields)` -> (fields for the model process,
+    truncations to report); `check` -> the fields alone."""
 
     def __init__(self, info: ArtifactInfo, default_cache: str = "off",
                  cache_available: bool = True, prompt_policy: str = "truncate") -> None:
