@@ -10,7 +10,6 @@ from __future__ import annotations
 import io
 import itertools
 
-import grpc
 import numpy as np
 import pytest
 import torch
@@ -90,9 +89,10 @@ def test_flux_long_prompt_is_truncated_like_fluxpipeline(server, flux_tiny_art, 
     assert close_images(ours, reference(32))
     assert not close_images(ours, reference(64))  # T5 reading 32 more tokens: a different image
 
+    from difflet.cli import main
+
     out = tmp_path / "long.png"
-    cli = CliRunner().invoke(__import__("difflet.cli", fromlist=["main"]).main,
-                             ["generate", "--server", server, prompt, "--seed", "5", "-o", str(out)])
+    cli = CliRunner().invoke(main, ["generate", "--server", server, prompt, "--seed", "5", "-o", str(out)])
     assert cli.exit_code == 0, cli.output
     notes = [line for line in cli.stderr.splitlines() if line.startswith("note: truncated")]
     assert notes == ["note: truncated as the reference pipeline does: "
@@ -104,7 +104,7 @@ def test_short_prompt_reports_no_truncation(server):
     server, proc = server
     reply = client.generate(server, "a red fox", 1, timeout=300)
     assert not [line for line in server_log(proc) if f"request {reply.request_id}:" in line]
-    assert list(client.generate(server, "a red fox", 1, timeout=300).truncated) == []
+    assert list(reply.truncated) == []
     assert client.get_profile(server).prompt_policy == "truncate"
 
 
