@@ -124,7 +124,8 @@ def check_artifacts(root: str | Path, expect: Mapping[str, str] | None = None) -
 def text_limit(module) -> tuple[int, str]:
     """(token limit, encoder name): the longest text encoder's compiled max_length, less the
     profile's `template` tokens (Qwen-Image, HunyuanVideo wrap the prompt in a template that
-    takes that many of the encoder's positions and is cut off before the denoiser)."""
+    takes that many of the encoder's positions and is cut off before the denoiser). The
+    `strict` prompt policy refuses past it; Profile.prompt_tokens reports it."""
     best = (0, "")
     for comp in module.components("encoder"):
         spec = comp.attrs.get("tokenizer")
