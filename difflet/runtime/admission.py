@@ -92,7 +92,7 @@ class Admission:
         self._tokenizer_dir = None
         if self.limit_encoder:
             spec = info.module.component(self.limit_encoder).attrs["tokenizer"]
-            self._tokenizer_dir = Path(info.root) / info.manifest.get("host", "host") / spec["subfolder"]
+            self._tokenizer_dir = Path(info.root) / info.manifest.host / spec["subfolder"]
         self._tokenizer = None
         self._lock = threading.Lock()
 
