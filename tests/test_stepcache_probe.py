@@ -64,7 +64,8 @@ def test_adding_a_probe_compiles_only_the_probe(probe_module, flux_tiny_module, 
     assert list(first.manifest.components) == [*keys, "probe"]
     assert entry.cache_key == probe_module.find(Op.PROBE)[0].attrs["cache_key"]
     assert [v.name for v in entry.outputs] == ["score"]
-    assert [v.name for v in entry.inputs] == ["hidden_states", "timestep", "pooled_projections", "guidance"]
+    # the denoiser inputs the probe reads, in the IR's order (not the state input prev_feature)
+    assert [v.name for v in entry.inputs] == ["hidden_states", "pooled_projections", "timestep", "guidance"]
 
 
 def oracle_feature(ckpt, hidden, t, pooled, guidance):
