@@ -75,12 +75,16 @@ def test_program_refuses_inputs_of_the_wrong_type(art):
 
 
 def test_manifest_describes_the_art(art, flux_tiny_module):
+    from difflet.codegen.manifest import ValueSpec
+
     m = art.manifest
-    assert set(m["components"]) == {c.name for c in flux_tiny_module.components()}
-    t = m["components"]["transformer"]
-    assert t["cache_key"] == flux_tiny_module.component("transformer").attrs["cache_key"]
-    assert t["inputs"][-1] == {"name": "valid_text", "kind": "runtime", "dtype": "int64", "lo": 1, "hi": 32}
-    assert [s["step"] for s in m["schedule"]][-1] == "flux.decode"
+    assert set(m.components) == {c.name for c in flux_tiny_module.components()} and m.probe is None
+    t = m.components["transformer"]
+    assert t.cache_key == flux_tiny_module.component("transformer").attrs["cache_key"]
+    assert t.role == "denoiser" and t.world == 1
+    assert [f.program.path for f in t.ranks] == ["programs/transformer.rank0.pt2"]
+    assert t.inputs[-1] == ValueSpec("valid_text", "runtime", "int64", lo=1, hi=32)
+    assert [s.step for s in m.schedule][-1] == "flux.decode"
     assert art.module == flux_tiny_module
     assert (art.host_dir / "tokenizer_2" / "tokenizer.json").is_file()
     assert (art.host_dir / "scheduler" / "scheduler_config.json").is_file()
@@ -124,3 +128,49 @@ def test_manifest_with_another_cache_key_is_refused(flux_tiny_art, tmp_path):
 def test_not_an_art_dir(tmp_path):
     with pytest.raises(DiffletError, match="no manifest.json"):
         load_artifacts(tmp_path)
+
+
+def _edit(root, change):
+    manifest = json.loads((root / "manifest.json").read_text())
+    change(manifest)
+    (root / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda m: m["components"]["vae"].pop("cache_key"),
+     r"missing required field `cache_key` - at `\$.components.vae`"),
+    (lambda m: m["components"]["vae"]["ranks"][0]["weights"].update(sha256=7),
+     r"Expected `str`, got `int` - at `\$.components.vae.ranks\[0\].weights.sha256`"),
+    (lambda m: m.update(probe={}), r"contains unknown field `probe`"),
+    (lambda m: m["components"]["vae"].update(world=2),
+     r"`world` is 2 but `ranks` lists 1 rank files - at `\$.components.vae`"),
+])
+def test_malformed_manifest_is_refused_naming_the_field(flux_tiny_art, tmp_path, change, message):
+    from difflet.runtime.startup import check_artifacts
+
+    root = _copy(flux_tiny_art, tmp_path / "art")
+    _edit(root, change)
+    for load in (load_artifacts, check_artifacts):  # the model process and the API process
+        with pytest.raises(DiffletError, match="manifest is malformed: (Object )?" + message) as err:
+            load(root)
+        assert err.value.where == root / "manifest.json"
+
+
+def test_manifest_of_another_format_version_is_refused(flux_tiny_art, tmp_path):
+    root = _copy(flux_tiny_art, tmp_path / "art")
+    _edit(root, lambda m: m.update(format=1))
+    with pytest.raises(DiffletError, match=r"manifest format 1 is not 2 .*re-run `difflet codegen`"):
+        load_artifacts(root)
+    (root / "manifest.json").write_text("[1, 2]")
+    with pytest.raises(DiffletError, match="manifest is not a JSON object"):
+        load_artifacts(root)
+
+
+def test_manifest_module_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, difflet.codegen.manifest, difflet.codegen.artifacts, difflet.runtime.startup; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr

@@ -73,3 +73,63 @@ def test_a_failed_producer_publishes_nothing(tmp_path):
         store.get_or_create("inductor", "cd" * 32, produce)
     assert not store.has("inductor", "cd" * 32)
     assert [p.name for p in store.path("inductor", "cd" * 32).parent.iterdir()] == [f".{'cd' * 32}.lock"]
+
+
+def test_codegen_prints_one_line_per_program_unless_verbose(flux_tiny_module, flux_tiny_art, difflet_test_store,
+                                                           tmp_path):
+    """From a filled store (flux_tiny_art compiled every program): exactly one line per component
+    (name, reused, seconds, key) and the summary; no library warnings or weight-loading bars.
+    With --verbose the libraries' own output (transformers' "Loading weights" bars) comes back."""
+    import re
+
+    from difflet.ir.binary import save
+
+    save(flux_tiny_module, tmp_path / "m.ir")
+    names = [c.name for c in flux_tiny_module.components()]
+    args = ("codegen", str(tmp_path / "m.ir"), "--weights", "random:0", "--store", str(difflet_test_store))
+    r = _difflet(*args, "-o", str(tmp_path / "art"))
+    assert r.returncode == 0, r.stderr
+    lines = (r.stdout + r.stderr).splitlines()
+    assert len(lines) == len(names) + 1, lines
+    for name, line in zip(names, lines):
+        assert re.fullmatch(rf"{name}: reused in \d+\.\d s \(key [0-9a-f]{{8}}\)", line), line
+    assert lines[-1] == f"compiled 0, reused {len(names)}"
+    assert not any(word in r.stdout + r.stderr for word in ("Warning", "Loading"))
+    loud = _difflet(*args, "-o", str(tmp_path / "art2"), "--verbose")
+    assert loud.returncode == 0, loud.stderr
+    assert "Loading" in loud.stdout + loud.stderr
+    assert all(line in (loud.stdout + loud.stderr).splitlines() for line in lines[-1:])
+
+
+def test_compile_worker_count_is_bounded_and_overridable(flux_tiny_module, monkeypatch):
+    from difflet.codegen import compile_pool
+    from difflet.errors import DiffletError
+
+    nodes = list(flux_tiny_module.components())
+    monkeypatch.delenv(compile_pool.WORKERS_ENV, raising=False)
+    cores = len(__import__("os").sched_getaffinity(0))
+    assert compile_pool.compile_workers(nodes) == min(cores, len(nodes))
+    monkeypatch.setattr(compile_pool, "_mem_available", lambda: compile_pool.WORKER_BASE_BYTES * 3 // 2)
+    assert compile_pool.compile_workers(nodes) == 1  # memory for one worker only
+    monkeypatch.setenv(compile_pool.WORKERS_ENV, "3")
+    assert compile_pool.compile_workers(nodes) == 3 and compile_pool.compile_workers(nodes[:2]) == 2
+    monkeypatch.setenv(compile_pool.WORKERS_ENV, "many")
+    with pytest.raises(DiffletError, match="DIFFLET_COMPILE_WORKERS: must be a positive integer, got 'many'"):
+        compile_pool.compile_workers(nodes)
+
+
+def test_a_failing_compile_worker_names_its_program(flux_tiny_module, tmp_path, monkeypatch):
+    """Two programs in two spawned workers; the checkpoint does not exist, so each worker fails
+    building its module, and the error that comes back names the program."""
+    from difflet.codegen.compile_pool import WORKERS_ENV, CompilePool
+    from difflet.errors import DiffletError
+
+    monkeypatch.setenv(WORKERS_ENV, "2")
+    nodes = [flux_tiny_module.component("vae"), flux_tiny_module.component("text_encoder")]
+    with pytest.raises(DiffletError, match=r"compiling '(vae|text_encoder)' failed: ") as err:
+        with CompilePool(flux_tiny_module, nodes, tmp_path / "no-ckpt", tmp_path / "store", "inductor",
+                         tmp_path / "art", False) as pool:
+            assert all(n in pool for n in nodes)
+            list(pool.results())
+    assert "no-ckpt" in str(err.value)
+    assert not (tmp_path / "store" / "inductor").exists() or not any((tmp_path / "store" / "inductor").rglob("*.pt2"))

@@ -60,7 +60,7 @@ def test_manifest_of_another_profile_stops_startup(art):
 
 def test_rank_assignment_is_checked(art):
     def swap(m):
-        m["components"]["transformer"]["program"]["path"] = "programs/transformer.rank1.pt2"
+        m["components"]["transformer"]["ranks"][0]["program"]["path"] = "programs/transformer.rank1.pt2"
 
     edit_manifest(art, swap)
     line = refused(run_server(art))

@@ -91,7 +91,7 @@ def test_only_the_denoiser_is_split_and_encoders_compile_once(runs):
     for name in ("text_encoder", "text_encoder_2", "vae"):
         assert not isinstance(programs[name], SplitProgram)
     manifest = runs["tp2cp2"]["codegen"].manifest["components"]
-    assert [len(manifest[n].get("ranks") or [None]) for n in ("text_encoder", "text_encoder_2", "vae")] == [1, 1, 1]
+    assert [len(manifest[n].ranks) for n in ("text_encoder", "text_encoder_2", "vae")] == [1, 1, 1]
 
 
 def test_closing_the_runner_stops_every_rank_worker_cleanly(runs):

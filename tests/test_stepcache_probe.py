@@ -58,8 +58,14 @@ def test_adding_a_probe_compiles_only_the_probe(probe_module, flux_tiny_module, 
     assert first.compiled == ["probe"]
     assert sorted(first.reused) == sorted(keys)
     assert again.compiled == [] and "probe" in again.reused
-    assert first.manifest["probe"]["cache_key"] == probe_module.find(Op.PROBE)[0].attrs["cache_key"]
-    assert [v["name"] for v in first.manifest["probe"]["outputs"]] == ["score"]
+    # the probe is an ordinary manifest entry with its role, its own key and the pruned signature
+    name, entry = first.manifest.probe
+    assert name == "probe" and entry.role == "probe" and entry.source == "transformer"
+    assert list(first.manifest.components) == [*keys, "probe"]
+    assert entry.cache_key == probe_module.find(Op.PROBE)[0].attrs["cache_key"]
+    assert [v.name for v in entry.outputs] == ["score"]
+    # the denoiser inputs the probe reads, in the IR's order (not the state input prev_feature)
+    assert [v.name for v in entry.inputs] == ["hidden_states", "pooled_projections", "timestep", "guidance"]
 
 
 def oracle_feature(ckpt, hidden, t, pooled, guidance):
@@ -72,11 +78,11 @@ def oracle_feature(ckpt, hidden, t, pooled, guidance):
 
 
 def test_compiled_probe_keeps_its_feature_between_calls(probe_codegen, flux_tiny_ckpt, probe_module):
-    from difflet.codegen.artifacts import read_manifest
-    from difflet.codegen.probe import load_probe
+    from difflet.codegen.artifacts import load_artifacts
 
-    out = probe_codegen[0]
-    probe = load_probe(out, read_manifest(out), probe_module)
+    art = load_artifacts(probe_codegen[0])  # the same load path as every program
+    assert sorted(art.programs) == sorted(c.name for c in probe_module.components())
+    probe = art.probe
     gen = torch.Generator().manual_seed(0)
     pooled, guidance = torch.randn(1, 32, generator=gen), torch.tensor([3.5])
     a, b = torch.randn(1, 64, 16, generator=gen), torch.randn(1, 64, 16, generator=gen)
@@ -113,8 +119,8 @@ def cal_path(probe_codegen, tmp_path_factory):
 def test_calibrate_cli_writes_a_tied_file(cal_path, probe_codegen):
     data = json.loads(cal_path.read_text())
     manifest = probe_codegen[1].manifest
-    assert data["probe_cache_key"] == manifest["probe"]["cache_key"]
-    assert data["denoiser_weights_sha256"] == manifest["components"]["transformer"]["weights"]["sha256"]
+    assert data["probe_cache_key"] == manifest.components["probe"].cache_key
+    assert data["denoiser_weights_sha256"] == manifest.components["transformer"].ranks[0].weights.sha256
     assert data["selected"] in ("calibrated", "online-delta", "cadence") and data["mode"]
 
 

@@ -1,58 +1,52 @@
 """The artifact directory ART/ and its loader: the contract between codegen and the runtime.
 
-Layout (manifest.json says the same as data):
+Layout (manifest.json says the same as data; its structs are difflet/codegen/manifest.py):
   manifest.json                           format, model, versions, components, schedule
   module.ir                               the planned IR (difflet.ir.binary)
-  programs/<name>.rank<r>.pt2             compiled programs, hard-linked from the store (a split
-                                          component has one per rank, listed under "ranks")
+  programs/<name>.rank<r>.pt2             compiled programs, hard-linked from the store (one per
+                                          rank, listed under the entry's "ranks"; the probe too)
   weights/<name>.rank<r>.safetensors      each program's constants, from the checkpoint (presharded)
   host/{tokenizer,tokenizer_2,scheduler}  what the host schedule needs, copied from the checkpoint
 
 Invariants:
 - ART is self-contained: nothing in it points outside it.
+- Every manifest entry, the probe included, loads through the same code (`load_artifacts`);
+  only the wrapper differs (a `ProbeProgram` for role "probe", else a `Program`).
 - `load_artifacts(verify=True)` refuses (DiffletError naming the file and the reason) any file
   whose sha256 differs from the manifest, and any program whose cache key differs from the
   module's: the runtime never runs a program that is not the one the IR describes.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from difflet.codegen.manifest import (MANIFEST, PROBE_ROLE, Component, FileRef, Manifest, RuntimeSetting,
+                                      ScheduleStep, ValueSpec, read_manifest, sha256_file)
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Module, Node, Op, RuntimeType, Value, thaw
 
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
-MODULE_FILE = "module.ir"
 
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def value_json(v: Value) -> dict[str, Any]:
+def value_spec(v: Value) -> ValueSpec:
     if isinstance(v.type, RuntimeType):
-        return {"name": v.name, "kind": "runtime", "dtype": v.type.dtype, "lo": v.type.lo, "hi": v.type.hi}
-    return {"name": v.name, "kind": "tensor", "dtype": v.type.dtype, "shape": list(v.type.shape)}
+        return ValueSpec(v.name, "runtime", v.type.dtype, lo=v.type.lo, hi=v.type.hi)
+    return ValueSpec(v.name, "tensor", v.type.dtype, shape=tuple(v.type.shape))
 
 
-def schedule_json(module: Module) -> list[dict[str, Any]]:
-    return [{"step": s.name, "args": list(s.args), "attrs": thaw(s.attrs)}
-            for sched in module.find(Op.SCHEDULE) for s in sched.body]
+def schedule_steps(module: Module) -> tuple[ScheduleStep, ...]:
+    return tuple(ScheduleStep(s.name, tuple(s.args), thaw(s.attrs))
+                 for sched in module.find(Op.SCHEDULE) for s in sched.body)
 
 
-def runtime_json(module: Module) -> list[dict[str, Any]]:
-    return [{**value_json(n.results[0]), "default": n.attrs.get("default"), "doc": n.attrs.get("doc")}
-            for n in module.find(Op.RUNTIME)]
+def runtime_settings(module: Module) -> tuple[RuntimeSetting, ...]:
+    out = []
+    for n in module.find(Op.RUNTIME):
+        v = value_spec(n.results[0])
+        out.append(RuntimeSetting(v.name, v.kind, v.dtype, v.shape, v.lo, v.hi,
+                                  default=n.attrs.get("default"), doc=n.attrs.get("doc")))
+    return tuple(out)
 
 
 def program_paths(name: str, rank: int = 0) -> tuple[str, str]:
@@ -93,10 +87,11 @@ class Program:
 @dataclass
 class Artifacts:
     root: Path
-    manifest: dict
+    manifest: Manifest
     module: Module
     host_dir: Path
-    programs: dict[str, Program] = field(default_factory=dict)
+    programs: dict[str, Program] = field(default_factory=dict)  # the schedule's components
+    probe: Any = None  # the step-caching probe (a ProbeProgram), if the manifest has one
 
 
 def eager_programs(module: Module, ckpt_dir: str | os.PathLike) -> dict[str, Program]:
@@ -106,67 +101,73 @@ def eager_programs(module: Module, ckpt_dir: str | os.PathLike) -> dict[str, Pro
     return {c.name: Program(c, build_program_module(c, ckpt_dir)) for c in module.components()}
 
 
-def _check_hash(root: Path, entry: dict, what: str) -> Path:
-    path = root / entry["path"]
+def _check_hash(root: Path, ref: FileRef, what: str) -> Path:
+    path = root / ref.path
     if not path.is_file():
         raise DiffletError(f"{what} is missing", where=path)
     got = sha256_file(path)
-    if got != entry["sha256"]:
+    if got != ref.sha256:
         raise DiffletError(f"{what} is corrupt or was modified: sha256 {got[:12]}... but the manifest "
-                           f"records {entry['sha256'][:12]}...", where=path)
+                           f"records {ref.sha256[:12]}...", where=path)
     return path
 
 
-def read_manifest(root: Path) -> dict:
-    path = root / MANIFEST
-    try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise DiffletError("not an artifact directory (no manifest.json); run `difflet codegen`",
-                           where=root) from None
-    except json.JSONDecodeError as err:
-        raise DiffletError(f"manifest is not valid JSON: {err}", where=path) from None
-    if manifest.get("format") != FORMAT_VERSION:
-        raise DiffletError(f"manifest format {manifest.get('format')!r} is not {FORMAT_VERSION}; "
-                           "re-run `difflet codegen`", where=path)
-    return manifest
+def _node_of(root: Path, module: Module, name: str, entry: Component) -> Node:
+    """The IR node a manifest entry was compiled from (a component, or the probe node)."""
+    if entry.role == PROBE_ROLE:
+        from difflet.codegen.probe import probe_node
+
+        node = probe_node(module)
+        if node is not None and node.name == name:
+            return node
+    else:
+        try:
+            return module.component(name)
+        except KeyError:
+            pass
+    raise DiffletError(f"manifest lists {entry.role} {name!r} that module.ir does not have",
+                       where=root / MANIFEST)
+
+
+def _load_entry(root: Path, manifest: Manifest, node: Node, name: str, entry: Component, verify: bool):
+    """One entry's loaded program, checked (cache key, every rank's files) when `verify`."""
+    from difflet.codegen.backends import load_runner
+
+    if verify:
+        if entry.cache_key != node.attrs.get("cache_key"):
+            raise DiffletError(f"program of {name!r} was built for cache key {entry.cache_key[:12]}... "
+                               f"but module.ir says {str(node.attrs.get('cache_key'))[:12]}...; "
+                               "re-run `difflet codegen`", where=root / entry.ranks[0].program.path)
+        for r, files in enumerate(entry.ranks):
+            which = f" (rank {r})" if entry.world > 1 else ""
+            _check_hash(root, files.program, f"program of {name!r}{which}")
+            _check_hash(root, files.weights, f"weights of {name!r}{which}")
+    if entry.world > 1:
+        from difflet.codegen.split_codegen import split_program
+
+        return split_program(node, manifest.backend, [root / f.program.path for f in entry.ranks],
+                             [root / f.weights.path for f in entry.ranks])
+    return load_runner(manifest.backend, root / entry.ranks[0].program.path, root / entry.ranks[0].weights.path)
 
 
 def load_artifacts(root: str | os.PathLike, verify: bool = True) -> Artifacts:
-    """Load ART/: manifest, planned module, host dir and one loaded Program per component (a
-    split component: a SplitProgram whose rank workers run until `.close()` or exit)."""
-    from difflet.codegen.backends import load_runner
+    """Load ART/: manifest, planned module, host dir and one loaded program per manifest entry (a
+    split component: a SplitProgram whose rank workers run until `.close()` or exit; the probe:
+    a ProbeProgram in `.probe`)."""
     from difflet.ir import binary
 
     root = Path(root)
     manifest = read_manifest(root)
-    module_entry = manifest["module"]
-    module_path = _check_hash(root, module_entry, "module IR") if verify else root / module_entry["path"]
+    module_path = _check_hash(root, manifest.module, "module IR") if verify else root / manifest.module.path
     module = binary.load(module_path)
-    programs: dict[str, Program] = {}
-    for name, comp in manifest["components"].items():
-        try:
-            node = module.component(name)
-        except KeyError:
-            raise DiffletError(f"manifest lists component {name!r} that module.ir does not have",
-                               where=root / MANIFEST) from None
-        if verify:
-            if comp["cache_key"] != node.attrs.get("cache_key"):
-                raise DiffletError(f"program of {name!r} was built for cache key {comp['cache_key'][:12]}... "
-                                   f"but module.ir says {str(node.attrs.get('cache_key'))[:12]}...; "
-                                   "re-run `difflet codegen`", where=root / comp["program"]["path"])
-            ranks = comp.get("ranks") or [comp]
-            for r, files in enumerate(ranks):
-                which = f" (rank {r})" if len(ranks) > 1 else ""
-                _check_hash(root, files["program"], f"program of {name!r}{which}")
-                _check_hash(root, files["weights"], f"weights of {name!r}{which}")
-        if len(comp.get("ranks") or ()) > 1:
-            from difflet.codegen.split_codegen import split_program
+    art = Artifacts(root, manifest, module, root / manifest.host)
+    for name, entry in manifest.components.items():
+        node = _node_of(root, module, name, entry)
+        loaded = _load_entry(root, manifest, node, name, entry, verify)
+        if entry.role == PROBE_ROLE:
+            from difflet.codegen.probe import ProbeProgram
 
-            programs[name] = split_program(node, manifest["backend"],
-                                           [root / f["program"]["path"] for f in comp["ranks"]],
-                                           [root / f["weights"]["path"] for f in comp["ranks"]])
-            continue
-        runner = load_runner(manifest["backend"], root / comp["program"]["path"], root / comp["weights"]["path"])
-        programs[name] = Program(node, runner)
-    return Artifacts(root, manifest, module, root / manifest.get("host", "host"), programs)
+            art.probe = ProbeProgram(node, loaded)
+        else:
+            art.programs[name] = loaded if entry.world > 1 else Program(node, loaded)
+    return art

@@ -1,4 +1,4 @@
-"""`difflet codegen IN.ir --backend inductor|neuron --weights DIR|hf:ORG/NAME|random:SEED -o ART [--store DIR]`.
+"""`difflet codegen IN.ir --backend inductor|neuron --weights DIR|hf:ORG/NAME|random:SEED -o ART [--store DIR] [--verbose]`.
 
 Invariant: torch is imported only inside the command body; every failure is a DiffletError
 (the CLI prints `error: ...` and exits 2).
@@ -18,14 +18,16 @@ import click
 @click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Artifact directory.")
 @click.option("--store", type=click.Path(file_okay=False), default=None,
               help="Program store (default $DIFFLET_STORE, $XDG_CACHE_HOME/difflet/store, ~/.cache/difflet/store).")
-def codegen_cmd(ir: str, backend: str, weights: str, output: str, store: str | None) -> None:
+@click.option("--verbose", is_flag=True, help="Show the compilers' and libraries' own output (warnings, "
+              "weight-loading bars); by default one line per program.")
+def codegen_cmd(ir: str, backend: str, weights: str, output: str, store: str | None, verbose: bool) -> None:
     """Compile a planned IR's components (reusing the store) into a self-contained artifact directory."""
     from difflet.codegen.backends import get_backend
     from difflet.codegen.driver import codegen
     from difflet.ir.binary import load
 
     get_backend(backend)  # a missing toolchain fails before anything is read or written
-    codegen(load(ir), weights, output, backend=backend, store=store, log=click.echo)
+    codegen(load(ir), weights, output, backend=backend, store=store, log=click.echo, verbose=verbose)
 
 
 COMMANDS = [codegen_cmd]

@@ -1,15 +1,18 @@
-"""`codegen(module, weights, out)`: a plain loop over components -> store -> ART/.
+"""`codegen(module, weights, out)`: every program (components, then the probe) -> store -> ART/.
 
 Invariants:
 - Only planned IR is accepted (every component has a cache_key); pipeline IR is refused with a
   hint to run `difflet opt`.
-- A component whose cache key is in the store is reused, never compiled; the store compiles a
-  key once even under concurrent codegens.
+- A program whose cache key is in the store is reused, never compiled; the store compiles a
+  key once even under concurrent codegens. Programs missing from the store are compiled
+  concurrently in worker processes (difflet/codegen/compile_pool.py) when more than one is
+  missing; the output (programs, weights, manifest) is the same as compiling one by one.
+- One log line per program: its name, compiled or reused, seconds; then "compiled N, reused M".
+  Library warnings and progress bars are silenced unless `verbose`.
 - manifest.json is written last, so a directory with a manifest is a finished ART.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -17,10 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from difflet.codegen.artifacts import (FORMAT_VERSION, MANIFEST, MODULE_FILE, program_paths, runtime_json,
-                                       schedule_json, sha256_file, value_json)
+from difflet.codegen.artifacts import program_paths, runtime_settings, schedule_steps, value_spec
+from difflet.codegen.manifest import (FORMAT_VERSION, MANIFEST, MODULE_FILE, Component, Manifest, RankFiles,
+                                      Versions, file_ref, write_manifest)
 from difflet.errors import DiffletError
-from difflet.ir.nodes import Module, Op, thaw
+from difflet.ir.nodes import Module, Node, Op, thaw
 
 
 @dataclass
@@ -29,7 +33,7 @@ class CodegenResult:
     compiled: list[str] = field(default_factory=list)
     reused: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
-    manifest: dict = field(default_factory=dict)
+    manifest: Manifest | None = None
 
 
 def _require_planned(module: Module) -> None:
@@ -65,19 +69,54 @@ def _copy_host(ckpt: Path, module: Module, host: Path) -> dict[str, str]:
     return copied
 
 
+def program_nodes(module: Module) -> list[Node]:
+    """Every node codegen compiles, in manifest order: the components, then the probe if any."""
+    from difflet.codegen.probe import probe_node
+
+    probe = probe_node(module)
+    return [*module.components(), *([probe] if probe is not None else [])]
+
+
+def _key_node(node: Node) -> Node:
+    """The node a program is compiled from: the probe's pruned program view, else the node."""
+    if node.op != Op.PROBE:
+        return node
+    from difflet.codegen.probe import program_view
+
+    return program_view(node)
+
+
+def _world(node: Node) -> int:
+    from difflet.codegen.split_codegen import world
+
+    return world(node) if node.op == Op.COMPONENT else 1
+
+
+def _log_line(name: str, created: bool, seconds: float, key: str, world: int = 1) -> str:
+    ranks = f" on {world} ranks" if world > 1 else ""
+    return f"{name}: {'compiled' if created else 'reused'}{ranks} in {seconds:.1f} s (key {key[:8]})"
+
+
 def codegen(module: Module, weights: str | os.PathLike, out: str | os.PathLike, backend: str = "inductor",
-            store: str | os.PathLike | None = None, log: Callable[[str], Any] = print) -> CodegenResult:
-    """Compile (or reuse) every component of planned `module` and write a self-contained ART at `out`.
+            store: str | os.PathLike | None = None, log: Callable[[str], Any] = print,
+            verbose: bool = False) -> CodegenResult:
+    """Compile (or reuse) every program of planned `module` and write a self-contained ART at `out`.
 
     `weights` is a diffusers-format checkpoint directory or `random:SEED`.
     """
+    from difflet.codegen.quiet import quiet_libraries
+
+    with quiet_libraries(verbose):
+        return _codegen(module, weights, Path(out), backend, store, log, verbose)
+
+
+def _codegen(module: Module, weights, out: Path, backend: str, store, log, verbose: bool) -> CodegenResult:
     import torch
 
     import difflet
     from difflet.codegen.backends import get_backend
-    from difflet.codegen.build import build_program_module
     from difflet.codegen.checkpoint import resolve_weights
-    from difflet.codegen.split_codegen import world as split_world
+    from difflet.codegen.compile_pool import CompilePool
     from difflet.codegen.store import Store
     from difflet.ir import binary
 
@@ -85,54 +124,54 @@ def codegen(module: Module, weights: str | os.PathLike, out: str | os.PathLike, 
     get_backend(backend)  # an unavailable backend (neuron here) fails before any work
     the_store = Store(store)
     ckpt = resolve_weights(module, str(weights), the_store.root)
-    out = Path(out)
     (out / "programs").mkdir(parents=True, exist_ok=True)
     (out / "weights").mkdir(parents=True, exist_ok=True)
-    if (out / MANIFEST).exists():
-        (out / MANIFEST).unlink()  # an ART without manifest is unfinished, never stale-but-valid
+    (out / MANIFEST).unlink(missing_ok=True)  # an ART without manifest is unfinished, never stale-but-valid
     result = CodegenResult(out)
-    components: dict[str, Any] = {}
-    for comp in module.components():
-        key = comp.attrs["cache_key"]
-        start = time.perf_counter()
-        if split_world(comp) > 1:
-            components[comp.name], created = _codegen_split(module, comp, ckpt, the_store, backend, out)
-            seconds = time.perf_counter() - start
-            result.seconds[comp.name] = seconds
-            (result.compiled if created else result.reused).append(comp.name)
-            log(f"compiling {comp.name} on {split_world(comp)} ranks ... {seconds:.1f} s" if created
-                else f"reused {comp.name} x{split_world(comp)} ranks (key {key[:8]})")
-            continue
-        pm = build_program_module(comp, ckpt)
-        entry = emit_program(comp, pm, comp.name, the_store, backend, out, result, log, start)
-        components[comp.name] = {"role": comp.attrs.get("role"), "class": comp.attrs.get("class"), **entry}
-        del pm
-    from difflet.codegen.probe import codegen_probe  # the step-caching probe: own program and key
+    nodes = program_nodes(module)
+    entries: dict[str, Component] = {}
 
-    probe = codegen_probe(module, ckpt, the_store, backend, out, result, log)
+    def record(node: Node, entry: Component, created: bool, seconds: float) -> None:
+        entries[node.name] = entry
+        result.seconds[node.name] = seconds
+        (result.compiled if created else result.reused).append(node.name)
+        log(_log_line(node.name, created, seconds, entry.cache_key, entry.world))
+
+    missing = [n for n in nodes if _world(n) == 1 and not the_store.has(backend, n.attrs["cache_key"])]
+    with CompilePool(module, missing, ckpt, the_store.root, backend, out, verbose) as pool:
+        for node in nodes:
+            if node not in pool:  # reused, split, or compiled here when the pool is not worth it
+                start = time.perf_counter()
+                entry, created = (_codegen_split(module, node, ckpt, the_store, backend, out) if _world(node) > 1
+                                  else emit_program(module, node.name, ckpt, the_store, backend, out))
+                record(node, entry, created, time.perf_counter() - start)
+        for node, entry, created, seconds in pool.results():
+            record(node, entry, created, seconds)
     binary.save(module, out / MODULE_FILE)
-    host = _copy_host(ckpt, module, out / "host")
-    manifest = {
-        "format": FORMAT_VERSION, "model": module.name, "family": module.attrs.get("family"),
-        "profile": thaw(module.attrs.get("profile")), "parallel": thaw(module.attrs.get("parallel")),
-        "target": thaw(module.attrs.get("target")), "backend": backend,
-        "versions": {"torch": torch.__version__, "difflet": difflet.__version__},
-        "module": {"path": MODULE_FILE, "sha256": sha256_file(out / MODULE_FILE)},
-        "host": "host", "host_files": host, "weights_source": str(weights),
-        "components": components, "runtime": runtime_json(module), "schedule": schedule_json(module),
-        **({"probe": probe} if probe else {}),
-    }
-    tmp = out / f".{MANIFEST}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2))
-    os.replace(tmp, out / MANIFEST)
+    manifest = Manifest(
+        format=FORMAT_VERSION, model=module.name, family=str(module.attrs.get("family")),
+        profile=thaw(module.attrs.get("profile")) or {}, parallel=thaw(module.attrs.get("parallel")) or {},
+        target=str(module.attrs.get("target")), backend=backend,
+        versions=Versions(torch=str(torch.__version__), difflet=str(difflet.__version__)),
+        module=file_ref(out, MODULE_FILE), host="host", host_files=_copy_host(ckpt, module, out / "host"),
+        weights_source=str(weights), components={n.name: entries[n.name] for n in nodes},
+        runtime=runtime_settings(module), schedule=schedule_steps(module))
+    write_manifest(out, manifest)
     result.manifest = manifest
     log(f"compiled {len(result.compiled)}, reused {len(result.reused)}")
     return result
 
 
-def _codegen_split(module: Module, comp, ckpt: Path, store, backend: str, out: Path) -> tuple[dict, bool]:
+def _entry(node: Node, key_node: Node, ranks: list[RankFiles], **extra: Any) -> Component:
+    return Component(role=str(node.attrs.get("role")), cls=str(node.attrs.get("class")),
+                     cache_key=node.attrs["cache_key"], ranks=tuple(ranks),
+                     inputs=tuple(value_spec(n.results[0]) for n in key_node.find(Op.INPUT)),
+                     outputs=tuple(value_spec(n.results[0]) for n in key_node.find(Op.OUTPUT)), **extra)
+
+
+def _codegen_split(module: Module, comp: Node, ckpt: Path, store, backend: str, out: Path) -> tuple[Component, bool]:
     """Per-rank programs (compiled in rank workers, or reused) and presharded weights of `comp`;
-    returns its manifest entry (rank 0's files also under program/weights) and whether it compiled."""
+    returns its manifest entry and whether it compiled."""
     from safetensors.torch import save_file
 
     from difflet.codegen.split_codegen import compile_split, degrees, rank_weights
@@ -147,42 +186,36 @@ def _codegen_split(module: Module, comp, ckpt: Path, store, backend: str, out: P
         prog_rel, weights_rel = program_paths(comp.name, r)
         link_or_copy(entry / "program.pt2", out / prog_rel)
         save_file(rank_weights(comp, ckpt, entry, r, backend), str(out / weights_rel))
-        ranks.append({"program": {"path": prog_rel, "sha256": sha256_file(out / prog_rel)},
-                      "weights": {"path": weights_rel, "sha256": sha256_file(out / weights_rel)}})
-    entry = {
-        "role": comp.attrs.get("role"), "class": comp.attrs.get("class"), "cache_key": comp.attrs["cache_key"],
-        "program": ranks[0]["program"], "weights": ranks[0]["weights"],
-        "world": len(entries), "degrees": degrees(comp), "ranks": ranks,
-        "inputs": [value_json(n.results[0]) for n in comp.find(Op.INPUT)],
-        "outputs": [value_json(n.results[0]) for n in comp.find(Op.OUTPUT)],
-    }
-    return entry, created
+        ranks.append(RankFiles(file_ref(out, prog_rel), file_ref(out, weights_rel)))
+    return _entry(comp, comp, ranks, world=len(entries), degrees=dict(degrees(comp))), created
 
 
-def emit_program(node, pm, name: str, store, backend: str, out: Path, result: CodegenResult,
-                 log: Callable[[str], Any], start: float) -> dict:
-    """Compile (or reuse, by `node`'s cache key) one unsplit program and write it into ART/.
-
-    Returns its manifest fields (cache_key, program, weights, inputs, outputs); records the
-    component as compiled or reused in `result`.
-    """
+def emit_program(module: Module, name: str, ckpt: Path, store, backend: str, out: Path) -> tuple[Component, bool]:
+    """Compile (or reuse, by its cache key) the unsplit program `name` (a component or the probe)
+    and write it and its weights into ART/; returns its manifest entry and whether it compiled."""
     from safetensors.torch import save_file
 
     from difflet.codegen.backends import get_backend
     from difflet.codegen.store import link_or_copy
 
+    node = next(n for n in program_nodes(module) if n.name == name)
+    if node.op == Op.PROBE:
+        from difflet.codegen.probe import build_probe_module
+
+        if backend != "inductor":
+            raise DiffletError(f"the probe program is built for the inductor backend only, not {backend!r}",
+                               where="--backend")
+        pm = build_probe_module(node, ckpt)
+    else:
+        from difflet.codegen.build import build_program_module
+
+        pm = build_program_module(node, ckpt)
+    key_node = _key_node(node)
     be, key = get_backend(backend), node.attrs["cache_key"]
-    entry, created = store.get_or_create(backend, key, lambda tmp: be.compile_entry(node, pm, tmp),
+    entry, created = store.get_or_create(backend, key, lambda tmp: be.compile_entry(key_node, pm, tmp),
                                          directory=True)
     prog_rel, weights_rel = program_paths(name)
     link_or_copy(entry / be.PROGRAM_FILE, out / prog_rel)
     save_file(be.program_weights(pm, entry), str(out / weights_rel))
-    seconds = time.perf_counter() - start
-    result.seconds[name] = seconds
-    (result.compiled if created else result.reused).append(name)
-    log(f"compiling {name} ... {seconds:.1f} s" if created else f"reused {name} (key {key[:8]})")
-    return {"cache_key": key,
-            "program": {"path": prog_rel, "sha256": sha256_file(out / prog_rel)},
-            "weights": {"path": weights_rel, "sha256": sha256_file(out / weights_rel)},
-            "inputs": [value_json(n.results[0]) for n in node.find(Op.INPUT)],
-            "outputs": [value_json(n.results[0]) for n in node.find(Op.OUTPUT)]}
+    extra = {"source": node.attrs.get("source")} if node.op == Op.PROBE else {}
+    return _entry(node, key_node, [RankFiles(file_ref(out, prog_rel), file_ref(out, weights_rel))], **extra), created

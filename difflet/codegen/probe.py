@@ -14,12 +14,11 @@ The planned IR's top-level `probe` node (extract-probe, mode "separate") describ
   previous request's last feature, and the host never reads that first score (calibrated mode
   keeps at least one initial full step), so no output depends on an earlier request.
 - Codegen stores the probe under its own cache key; adding a probe compiles only the probe.
-  The manifest lists it under "probe" (not "components": it is not a schedule component).
+  The manifest lists it among its components with role "probe" (and `source`, the denoiser),
+  and `load_artifacts` loads it like every other program, wrapped in a `ProbeProgram`.
 """
 from __future__ import annotations
 
-import time
-from pathlib import Path
 from typing import Any, Callable
 
 import msgspec
@@ -123,41 +122,3 @@ def eager_probe(module: Module, ckpt_dir) -> ProbeProgram | None:
     """The uncompiled probe (same call convention as the compiled one), or None without a probe."""
     node = probe_node(module)
     return None if node is None else ProbeProgram(node, build_probe_module(node, ckpt_dir))
-
-
-def codegen_probe(module: Module, ckpt: Path, store, backend: str, out: Path, result,
-                  log: Callable[[str], Any]) -> dict | None:
-    """Compile (or reuse, by cache key) the probe into `out`; its manifest entry, or None."""
-    from difflet.codegen.driver import emit_program
-
-    node = probe_node(module)
-    if node is None:
-        return None
-    if backend != "inductor":
-        raise DiffletError(f"the probe program is built for the inductor backend only, not {backend!r}",
-                           where="--backend")
-    start = time.perf_counter()
-    entry = emit_program(program_view(node), build_probe_module(node, ckpt), node.name, store, backend,
-                         out, result, log, start)
-    return {"role": "probe", "source": node.attrs.get("source"), **entry}
-
-
-def load_probe(root: Path, manifest: dict, module: Module, verify: bool = True) -> ProbeProgram | None:
-    """The ART's compiled probe (manifest "probe"), checked like a component; None if absent."""
-    from difflet.codegen.artifacts import _check_hash
-    from difflet.codegen.backends import load_runner
-
-    entry = manifest.get("probe")
-    if entry is None:
-        return None
-    node = probe_node(module)
-    if node is None:
-        raise DiffletError("manifest lists a probe that module.ir does not have", where=root / "manifest.json")
-    if verify:
-        if entry["cache_key"] != node.attrs.get("cache_key"):
-            raise DiffletError("probe program was built for another cache key; re-run `difflet codegen`",
-                               where=root / entry["program"]["path"])
-        _check_hash(root, entry["program"], "program of 'probe'")
-        _check_hash(root, entry["weights"], "weights of 'probe'")
-    runner = load_runner(manifest["backend"], root / entry["program"]["path"], root / entry["weights"]["path"])
-    return ProbeProgram(node, runner)

@@ -102,7 +102,7 @@ class Admission:
         self.cache_available = cache_available
         self.prompt_policy = prompt_policy
         self.token_limit, self.limit_encoder = text_limit(info.module)
-        self.lengths = PromptLengths(info.module, Path(info.root) / info.manifest.get("host", "host"))
+        self.lengths = PromptLengths(info.module, Path(info.root) / info.manifest.host)
         self.negative_reaches_encoders = uses_negative_prompt(info.module)
 
     def prompt_tokens(self, prompt: str) -> int:

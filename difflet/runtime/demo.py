@@ -130,7 +130,8 @@ def quiet_libraries() -> None:
         lib.utils.logging.disable_progress_bar()
 
 
-def compile_model(model: str, art: Path, store: Path, report: DemoReport | None = None):
+def compile_model(model: str, art: Path, store: Path, report: DemoReport | None = None,
+                  log: Callable[[str], None] | None = None, verbose: bool = False):
     """Lower, optimize (tp1, cpu, inductor) and codegen bundled MODEL into a fresh ART dir
     (programs from STORE); returns codegen's result. ART is a view of the store: rebuilt each call."""
     from difflet.codegen.driver import codegen
@@ -149,13 +150,14 @@ def compile_model(model: str, art: Path, store: Path, report: DemoReport | None 
         if art.exists():
             shutil.rmtree(art)
         result = codegen(module, weights, art, backend="inductor", store=store,
-                         log=lambda *a: None)
+                         log=log or (lambda *a: None), verbose=verbose)
         t.note = _codegen_counts(result)
     return result
 
 
 def run_demo(output: Path | None, prompt: str, store: Path | None, seed: int = 42,
-             log: Callable[[str], None] = print, model: str = DEFAULT_MODEL) -> DemoReport:
+             log: Callable[[str], None] = print, model: str = DEFAULT_MODEL,
+             verbose: bool = False) -> DemoReport:
     from difflet.codegen.store import default_store_dir
     from difflet.runtime import client
 
@@ -163,10 +165,11 @@ def run_demo(output: Path | None, prompt: str, store: Path | None, seed: int = 4
         raise DiffletError(f"unknown demo model {model!r} (one of {', '.join(MODELS)})",
                            where="--model")
     store = Path(store) if store is not None else default_store_dir()
-    quiet_libraries()
+    if not verbose:
+        quiet_libraries()
     report = DemoReport()
     art = store / "demo-art" / model
-    compile_model(model, art, store, report)
+    compile_model(model, art, store, report, log=log if verbose else None, verbose=verbose)
     with _Timer(report, "load+warm-up") as t:
         proc, address = start_server(art)
         t.note = f"difflet-runtime on {address}"

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from difflet.codegen.manifest import Manifest
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Module
 from difflet.runtime.media import encode_output
@@ -57,26 +58,26 @@ class RequestParams(GenerateParams):
     cache: CachePlan = OFF
 
 
-def tie_keys(module: Module, manifest: Mapping[str, Any]) -> dict:
-    """What a calibration file is tied to: probe and denoiser cache keys, denoiser weights."""
+def tie_keys(module: Module, manifest: Manifest | None) -> dict:
+    """What a calibration file is tied to: probe and denoiser cache keys, denoiser weights
+    (rank 0's file: a split denoiser's calibration is tied to its first shard)."""
     probes = [n for n in module.body if n.op.value == "probe"]
     den = module.components("denoiser")
-    comps = manifest.get("components", {})
+    entry = manifest.components.get(den[0].name) if manifest is not None and den else None
     return {"probe_cache_key": probes[0].attrs.get("cache_key") if probes else None,
             "denoiser_cache_key": den[0].attrs.get("cache_key") if den else None,
-            "denoiser_weights_sha256": comps.get(den[0].name, {}).get("weights", {}).get("sha256")
-            if den else None}
+            "denoiser_weights_sha256": entry.ranks[0].weights.sha256 if entry is not None else None}
 
 
 class ModelRunner:
     """Programs + host schedule of one module; `generate` is thread-safe and serialised."""
 
     def __init__(self, module: Module, programs: Mapping[str, Callable], host_dir: Path | str,
-                 manifest: Mapping[str, Any] | None = None, probe: Callable | None = None,
+                 manifest: Manifest | None = None, probe: Callable | None = None,
                  cache: str | None = "off") -> None:
         check_schedule(module, programs)
         self.env = HostEnv(module, programs, host_dir)
-        self.manifest = dict(manifest or {})
+        self.manifest = manifest
         self.probe = probe
         self.env.asset("stepcache:probe", lambda: probe)  # per server; its state never read across requests
         self._plans = PlanResolver(tie_keys(module, self.manifest), probe is not None)
@@ -86,14 +87,12 @@ class ModelRunner:
     @classmethod
     def from_artifacts(cls, root: Path | str, verify: bool = True, cache: str | None = "off") -> "ModelRunner":
         from difflet.codegen.artifacts import load_artifacts
-        from difflet.codegen.probe import load_probe
 
         root = Path(root)
         if not root.is_dir():
             raise DiffletError("artifact directory does not exist", where=str(root))
-        art = load_artifacts(root, verify=verify)
-        probe = load_probe(root, art.manifest, art.module, verify=verify)
-        return cls(art.module, art.programs, art.host_dir, art.manifest, probe=probe, cache=cache)
+        art = load_artifacts(root, verify=verify)  # every program, the probe (role "probe") included
+        return cls(art.module, art.programs, art.host_dir, art.manifest, probe=art.probe, cache=cache)
 
     @property
     def module(self) -> Module:

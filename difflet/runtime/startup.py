@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from difflet.codegen.manifest import MANIFEST, Manifest, read_manifest, sha256_file
 from difflet.errors import DiffletError
 
 _RANK_RE = re.compile(r"\.rank(\d+)\.")
@@ -27,7 +28,7 @@ _RANK_RE = re.compile(r"\.rank(\d+)\.")
 @dataclass(frozen=True)
 class ArtifactInfo:
     root: Path
-    manifest: dict
+    manifest: Manifest  # decoded strictly (difflet/codegen/manifest.py, torch-free)
     module: Any  # difflet.ir.nodes.Module
 
     @property
@@ -39,12 +40,10 @@ def _py(value: Any) -> Any:
     return value.to_python() if hasattr(value, "to_python") else value
 
 
-def compiled_for(manifest: Mapping[str, Any]) -> dict[str, str]:
+def compiled_for(manifest: Manifest) -> dict[str, str]:
     """Flat KEY -> text of what the artifacts were compiled for (what --profile compares)."""
-    flat = {"model": manifest.get("model"), "family": manifest.get("family"),
-            "target": manifest.get("target"), "backend": manifest.get("backend")}
-    flat.update(manifest.get("profile") or {})
-    flat.update({k: v for k, v in (manifest.get("parallel") or {}).items()})
+    flat = {"model": manifest.model, "family": manifest.family, "target": manifest.target,
+            "backend": manifest.backend, **manifest.profile, **manifest.parallel}
     return {k: str(v) for k, v in flat.items() if v is not None}
 
 
@@ -52,39 +51,38 @@ def _diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     return [f"{k}: {a.get(k)!r} vs {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 
-def check_manifest_matches_module(manifest: Mapping[str, Any], module, where: Path) -> None:
+def check_manifest_matches_module(manifest: Manifest, module, where: Path) -> None:
     attrs = module.attrs
     pairs = {
-        "model": (manifest.get("model"), module.name),
-        "family": (manifest.get("family"), str(attrs.get("family", ""))),
-        "target": (manifest.get("target"), str(attrs.get("target", ""))),
-        "backend": (manifest.get("backend"), str(attrs.get("backend", manifest.get("backend")))),
+        "model": (manifest.model, module.name),
+        "family": (manifest.family, str(attrs.get("family", ""))),
+        "target": (manifest.target, str(attrs.get("target", ""))),
+        "backend": (manifest.backend, str(attrs.get("backend", manifest.backend))),
     }
     diffs = [f"{k}: manifest {m!r} vs module.ir {i!r}" for k, (m, i) in pairs.items() if m != i]
-    diffs += [f"profile {d}" for d in _diff(manifest.get("profile") or {}, _py(attrs.get("profile")) or {})]
-    diffs += [f"parallel {d}" for d in _diff(manifest.get("parallel") or {}, _py(attrs.get("parallel")) or {})]
+    diffs += [f"profile {d}" for d in _diff(manifest.profile, _py(attrs.get("profile")) or {})]
+    diffs += [f"parallel {d}" for d in _diff(manifest.parallel, _py(attrs.get("parallel")) or {})]
     if diffs:
         raise DiffletError("manifest.json belongs to another profile than module.ir (manifest vs "
                            "module.ir: " + "; ".join(diffs) + "); re-run `difflet codegen`", where=where)
 
 
-def check_rank_assignment(manifest: Mapping[str, Any], where: Path) -> None:
-    world = int((manifest.get("parallel") or {}).get("world", 1))
-    for name, comp in (manifest.get("components") or {}).items():
-        ranks = comp.get("ranks") or [comp]
-        if len(ranks) > world:
-            raise DiffletError(f"component {name!r} has {len(ranks)} ranks but the layout's world "
+def check_rank_assignment(manifest: Manifest, where: Path) -> None:
+    world = int(manifest.parallel.get("world", 1))
+    for name, comp in manifest.components.items():
+        if len(comp.ranks) > world:
+            raise DiffletError(f"component {name!r} has {len(comp.ranks)} ranks but the layout's world "
                                f"size is {world}", where=where)
-        for r, files in enumerate(ranks):
+        for r, files in enumerate(comp.ranks):
             for kind in ("program", "weights"):
-                path = str((files.get(kind) or {}).get("path", ""))
+                path = getattr(files, kind).path
                 found = _RANK_RE.search(path)
                 if found is None or int(found.group(1)) != r:
                     raise DiffletError(f"component {name!r}: rank {r}'s {kind} file {path!r} is "
                                        f"assigned to another rank", where=where)
 
 
-def check_expected(manifest: Mapping[str, Any], expect: Mapping[str, str], where: Path) -> None:
+def check_expected(manifest: Manifest, expect: Mapping[str, str], where: Path) -> None:
     have = compiled_for(manifest)
     bad = [f"{k}={v} (compiled for {k}={have[k]})" if k in have else f"{k}={v} (unknown key; "
            f"known: {', '.join(sorted(have))})" for k, v in expect.items() if have.get(k) != str(v)]
@@ -95,7 +93,6 @@ def check_expected(manifest: Mapping[str, Any], expect: Mapping[str, str], where
 
 def check_artifacts(root: str | Path, expect: Mapping[str, str] | None = None) -> ArtifactInfo:
     """All torch-free startup checks of ART/; raises DiffletError naming the file and the reason."""
-    from difflet.codegen.artifacts import MANIFEST, read_manifest, sha256_file
     from difflet.ir import binary
 
     root = Path(root)
@@ -103,7 +100,7 @@ def check_artifacts(root: str | Path, expect: Mapping[str, str] | None = None) -
         raise DiffletError("artifact directory does not exist", where=str(root))
     manifest = read_manifest(root)
     where = root / MANIFEST
-    module_path = root / manifest["module"]["path"]
+    module_path = root / manifest.module.path
     if not module_path.is_file():
         raise DiffletError("module IR is missing", where=module_path)
     try:
@@ -113,9 +110,9 @@ def check_artifacts(root: str | Path, expect: Mapping[str, str] | None = None) -
                            where=module_path) from None
     check_manifest_matches_module(manifest, module, where)
     got = sha256_file(module_path)
-    if got != manifest["module"]["sha256"]:
+    if got != manifest.module.sha256:
         raise DiffletError(f"module IR is corrupt or was modified: sha256 {got[:12]}... but the "
-                           f"manifest records {manifest['module']['sha256'][:12]}...", where=module_path)
+                           f"manifest records {manifest.module.sha256[:12]}...", where=module_path)
     check_rank_assignment(manifest, where)
     check_expected(manifest, dict(expect or {}), where)
     return ArtifactInfo(root, manifest, module)

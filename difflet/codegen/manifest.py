@@ -1,0 +1,180 @@
+"""ART/manifest.json as typed structs: the one definition codegen writes and every reader decodes.
+
+Invariants:
+- Torch-free (msgspec and the standard library only): the API process reads manifests and never
+  imports torch (tests/test_codegen_manifest.py checks the import).
+- Decoding is strict: an unknown field, a missing field, a wrong type or another format version
+  is a DiffletError naming manifest.json and the field's path (`$.components.vae.cache_key`),
+  never a KeyError later; `FORMAT_VERSION` changes whenever the layout does.
+- Every compiled program is a `components` entry, the step-caching probe included (role
+  "probe", `source` the component it is cut from): one load path for all programs.
+- Every entry lists its files per rank (`ranks[r]`, rank r's program and weights); an unsplit
+  program has exactly one rank. Paths are relative to ART/ (ART is self-contained).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from difflet.errors import DiffletError
+
+FORMAT_VERSION = 2  # 2: probe under components with role "probe"; per-rank files for every entry
+MANIFEST = "manifest.json"
+MODULE_FILE = "module.ir"
+PROBE_ROLE = "probe"
+
+
+class _Strict(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, frozen=True):
+    pass
+
+
+class FileRef(_Strict):
+    path: str  # relative to ART/
+    sha256: str
+
+
+class RankFiles(_Strict):
+    program: FileRef
+    weights: FileRef
+
+
+class ValueSpec(_Strict):
+    """A program input or output: a tensor (shape) or a runtime value (0-d, range [lo, hi])."""
+
+    name: str
+    kind: Literal["tensor", "runtime"]
+    dtype: str
+    shape: tuple[int, ...] | None = None
+    lo: int | None = None
+    hi: int | None = None
+
+
+class RuntimeSetting(ValueSpec):
+    """A module-level runtime value with its default and documentation."""
+
+    default: Any = None
+    doc: str | None = None
+
+
+class ScheduleStep(_Strict):
+    step: str
+    args: tuple[str, ...]
+    attrs: dict[str, Any]
+
+
+class Component(_Strict):
+    """One compiled program (per rank) and how it is called."""
+
+    role: str
+    cls: str = msgspec.field(name="class")
+    cache_key: str
+    ranks: tuple[RankFiles, ...]
+    inputs: tuple[ValueSpec, ...]
+    outputs: tuple[ValueSpec, ...]
+    world: int = 1
+    degrees: dict[str, int] = {}  # split programs: the layout's degrees (tp, cp, ...)
+    source: str | None = None  # the probe: the component it is cut from
+
+    def __post_init__(self) -> None:
+        if len(self.ranks) != self.world:  # raised as a ValidationError naming the entry
+            raise ValueError(f"`world` is {self.world} but `ranks` lists {len(self.ranks)} rank files")
+
+
+class Versions(_Strict):
+    torch: str
+    difflet: str
+
+
+class Manifest(_Strict):
+    format: int
+    model: str
+    family: str
+    profile: dict[str, Any]
+    parallel: dict[str, Any]
+    target: str
+    backend: str
+    versions: Versions
+    module: FileRef
+    host: str
+    host_files: dict[str, str]
+    weights_source: str
+    components: dict[str, Component]
+    runtime: tuple[RuntimeSetting, ...] = ()
+    schedule: tuple[ScheduleStep, ...] = ()
+
+    def programs(self) -> dict[str, Component]:
+        """The schedule's components (every entry but the probe)."""
+        return {n: c for n, c in self.components.items() if c.role != PROBE_ROLE}
+
+    @property
+    def probe(self) -> tuple[str, Component] | None:
+        """(name, entry) of the step-caching probe, or None."""
+        return next(((n, c) for n, c in self.components.items() if c.role == PROBE_ROLE), None)
+
+
+class _FormatOnly(msgspec.Struct):
+    format: Any = None
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_ref(root: Path, rel: str) -> FileRef:
+    return FileRef(rel, sha256_file(root / rel))
+
+
+def decode_manifest(data: bytes, where: Path) -> Manifest:
+    """Strict decode of manifest bytes; DiffletError naming `where` and the offending field."""
+    try:
+        version = msgspec.json.decode(data, type=_FormatOnly).format
+    except msgspec.DecodeError as err:  # not JSON, or not an object
+        raise DiffletError(f"manifest is not a JSON object: {err}", where=where) from None
+    if version != FORMAT_VERSION:
+        raise DiffletError(f"manifest format {version!r} is not {FORMAT_VERSION} (written by another "
+                           "Difflet version); re-run `difflet codegen`", where=where)
+    try:
+        return msgspec.json.decode(data, type=Manifest)
+    except msgspec.ValidationError as err:  # msgspec names the field: "... - at `$.module.sha256`"
+        raise DiffletError(f"manifest is malformed: {_component_error(data) or err}; re-run `difflet codegen`",
+                           where=where) from None
+
+
+def _component_error(data: bytes) -> str | None:
+    """The first bad component's error with its name in the path (msgspec writes dict keys as
+    `[...]`), or None when every component decodes."""
+    components = msgspec.json.decode(data).get("components")
+    for name, raw in (components.items() if isinstance(components, dict) else ()):
+        try:
+            msgspec.convert(raw, Component)
+        except msgspec.ValidationError as err:
+            text, at = str(err), f"`$.components.{name}"
+            return text.replace("`$", at, 1) if "`$" in text else f"{text} - at {at}`"
+    return None
+
+
+def read_manifest(root: str | os.PathLike) -> Manifest:
+    """ART/manifest.json, decoded strictly (see module invariants)."""
+    root = Path(root)
+    path = root / MANIFEST
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise DiffletError("not an artifact directory (no manifest.json); run `difflet codegen`",
+                           where=root) from None
+    return decode_manifest(data, path)
+
+
+def write_manifest(root: Path, manifest: Manifest) -> None:
+    """Write ART/manifest.json atomically (a directory with a manifest is a finished ART)."""
+    tmp = root / f".{MANIFEST}.tmp"
+    tmp.write_bytes(msgspec.json.format(msgspec.json.encode(manifest), indent=2))
+    os.replace(tmp, root / MANIFEST)
