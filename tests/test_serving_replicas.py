@@ -58,7 +58,8 @@ def test_concurrent_requests_run_on_different_replicas(server):
     assert len(pids) == 2  # both in flight at once, one per replica
     results = [s.finish()[0] for s in (first, second)]
     assert {r.model_pid for r in results} == pids and {r.replica for r in results} == {0, 1}
-    assert results[0].png == results[1].png  # same request, same bytes, whichever replica
+    # same request, same bytes, whichever replica: both load one compiled program on one CPU
+    assert results[0].png == results[1].png
 
 
 def test_request_timeout_then_kill_after_grace_and_replace(server):
