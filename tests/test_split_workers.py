@@ -59,7 +59,7 @@ def test_every_rank_gets_the_inputs_and_rank0_returns_the_result():
 
     node = _node()
     x = _inputs(node)
-    with SplitProgram(node, _degrees(node), sum_loader, [(), ()], timeout=120) as prog:
+    with SplitProgram(node, _degrees(node), sum_loader, [(), ()], timeout=300) as prog:
         for _ in range(2):  # resident: a second call reuses the same workers
             (out,) = prog(*x[:-1], 5)
             torch.testing.assert_close(out, 3 * x[0])
@@ -75,7 +75,7 @@ def test_a_rank_that_fails_to_load_is_named():
 
     node = _node()
     with pytest.raises(RankError, match="rank 1 failed while loading(.|\n)*no program for rank 1"):
-        SplitProgram(node, _degrees(node), bad_loader, [(), ()], timeout=120)
+        SplitProgram(node, _degrees(node), bad_loader, [(), ()], timeout=300)
 
 
 def test_a_rank_that_fails_mid_call_breaks_the_program():
