@@ -1,4 +1,5 @@
-"""Helpers the oracle tests share: PSNR of uint8 images, and a tiny model compiled into an ART."""
+"""Helpers the oracle tests share: PSNR of uint8 images, the one closeness rule for images and
+videos from separately compiled float programs, and a tiny model compiled into an ART."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,6 +11,41 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
     """PSNR in dB of two uint8 arrays (inf when identical)."""
     mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
     return float("inf") if mse == 0 else 10 * np.log10(255.0 ** 2 / mse)
+
+
+# Two float programs that are not the same program (compiled vs eager, Difflet vs diffusers,
+# AOTInductor on one CPU vs another) may pick different kernels, and a value that lands near a
+# rounding boundary then moves one uint8 step: exact equality is machine-dependent. Allowing
+# max |diff| <= 1 on >= 99% identical values bounds the MSE at 0.01 (PSNR >= 68 dB); wrong
+# settings (guidance, negative prompt, scheduler shift, seed) measured 43-47 dB on the tiny models
+# (MSE >= 1.3), so they still fail both conditions.
+MAX_PIXEL_DIFF = 1
+MIN_IDENTICAL = 0.99
+
+
+def image_match(got: np.ndarray, ref: np.ndarray) -> tuple[int, float, float]:
+    """(max |diff|, fraction of identical values, PSNR dB) of two uint8 arrays of one shape."""
+    assert got.shape == ref.shape, f"shape {got.shape} != reference {ref.shape}"
+    assert got.dtype == ref.dtype == np.uint8, f"dtypes {got.dtype}, {ref.dtype}: expected uint8"
+    diff = np.abs(got.astype(np.int16) - ref.astype(np.int16))
+    return int(diff.max()), float(np.mean(diff == 0)), psnr(got, ref)
+
+
+def images_close(got: np.ndarray, ref: np.ndarray) -> bool:
+    """True when `got` equals `ref` up to kernel rounding (see MAX_PIXEL_DIFF, MIN_IDENTICAL)."""
+    worst, same, _ = image_match(got, ref)
+    return worst <= MAX_PIXEL_DIFF and same >= MIN_IDENTICAL
+
+
+def describe_match(got: np.ndarray, ref: np.ndarray) -> str:
+    worst, same, db = image_match(got, ref)
+    return f"max pixel diff {worst} (allowed {MAX_PIXEL_DIFF}), {100 * same:.3f}% identical " \
+           f"(need {100 * MIN_IDENTICAL:.0f}%), PSNR {db:.1f} dB"
+
+
+def assert_images_close(got: np.ndarray, ref: np.ndarray, what: str = "image") -> None:
+    """Assert uint8 images/videos agree up to kernel rounding; the message gives the figures."""
+    assert images_close(got, ref), f"{what}: {describe_match(got, ref)}"
 
 
 def planned_tiny(dsl: Path | str):

@@ -103,14 +103,20 @@ class HealthWatch:
         except grpc.RpcError:
             pass
 
+    def _seen(self, sequence: list[str]) -> bool:
+        it = iter(self.statuses)
+        return all(any(s == want for s in it) for want in sequence)
+
+    def has_seen(self, sequence: list[str]) -> bool:
+        """Whether `sequence` has appeared in order (not necessarily adjacent) so far."""
+        with self._changed:
+            return self._seen(sequence)
+
     def wait_for(self, sequence: list[str], timeout: float = WAIT_S) -> list[str]:
         """Wait until `sequence` appears in order (not necessarily adjacent) among the statuses."""
-        def seen() -> bool:
-            it = iter(self.statuses)
-            return all(any(s == want for s in it) for want in sequence)
-
         with self._changed:
-            assert self._changed.wait_for(seen, timeout), f"health went {self.statuses}, wanted {sequence}"
+            assert self._changed.wait_for(lambda: self._seen(sequence), timeout), \
+                f"health went {self.statuses}, wanted {sequence}"
             return list(self.statuses)
 
     def close(self) -> None:

@@ -31,7 +31,7 @@ def test_demo_runs_end_to_end_and_second_run_reuses_programs(tmp_path, difflet_t
         assert f"| {stage} |" in first and f"| {stage} |" in second
     assert "compiled 0, reused 4" in second
     png = (tmp_path / "a.png").read_bytes()
-    assert png == (tmp_path / "b.png").read_bytes()
+    assert png == (tmp_path / "b.png").read_bytes()  # the same stored programs on one machine: exact
     image = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
     assert image.shape == (32, 32, 3) and image.std() > 0
 

@@ -8,13 +8,12 @@ guidance, size, frames and max_sequence_length (PSNR >= 40 dB per frame).
 """
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 from conftest import REPO
 from difflet.errors import DiffletError
-from oracle_util import compile_art, planned_tiny, psnr, random_checkpoint
+from oracle_util import compile_art, images_close, planned_tiny, psnr, random_checkpoint
 
 DSL = REPO / "models" / "hunyuan-video-tiny.dsl"
 ATOL = 1e-4
@@ -130,6 +129,7 @@ def test_runner_video_matches_hunyuanvideopipeline(runner, pipe):
     ours = result.video
     assert ours.shape == ref.shape == (profile["frames"], profile["height"], profile["width"], 3)
     assert ours.std() > 0 and result.fps == 15 and result.mp4[4:8] == b"ftyp"
+    # PSNR 40 dB lets wrong settings (43-47 dB) pass: not yet measured against assert_images_close
     frames = [psnr(a, b) for a, b in zip(ours, ref)]
     assert min(frames) >= 40.0, f"per-frame PSNR {frames}"
 
@@ -181,8 +181,8 @@ def test_true_cfg_schedule_matches_the_pipelines_true_cfg(module, ckpt, pipe, tm
     ref = (out[0] * 255).round().astype("uint8")
     plain = runner.generate(runner.resolve(prompt=PROMPT, seed=3, guidance=1.0,
                                            negative_prompt="dark blurry")).video
-    assert not np.array_equal(plain, ours)  # the uncond branch moved the output
-    assert min(psnr(a, b) for a, b in zip(ours, ref)) >= 40.0
+    assert not images_close(plain, ours)  # the uncond branch moved the output beyond rounding
+    assert min(psnr(a, b) for a, b in zip(ours, ref)) >= 40.0  # weak, as above
 
 
 def test_cadence_step_caching_runs_the_hunyuan_loop(runner):

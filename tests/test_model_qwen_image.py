@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from difflet.errors import DiffletError
-from oracle_util import compile_art, planned_tiny, psnr, random_checkpoint
+from oracle_util import assert_images_close, compile_art, images_close, planned_tiny, random_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "models" / "qwen-image-tiny.dsl"
@@ -98,7 +98,7 @@ def test_denoiser_program_equals_diffusers_on_unpadded_text(runner, pipe):
             other[:, valid:] = torch.randn(1, T - valid, 32, generator=gen) * 5
             again = _program(runner, "transformer", hidden_states=latents, encoder_hidden_states=other,
                              timestep=t, valid_text=valid)
-            assert torch.equal(got, again)
+            assert torch.equal(got, again)  # same program; masked rows feed no valid row: exact
             moved.append((got - _program(runner, "transformer", hidden_states=latents,
                                          encoder_hidden_states=text, timestep=t, valid_text=T)).abs().max().item())
     print(f"denoiser max abs per valid_text (3, 9, {T}): {['%.2e' % e for e in errs]}")
@@ -138,9 +138,7 @@ def test_generate_equals_qwenimagepipeline(runner, pipe, prompt, seed, steps, gu
     ref = _reference(pipe, params, " " if negative is None else negative)
     ref = (ref[0] * 255).round().astype("uint8")
     assert result.image.shape == ref.shape == (64, 64, 3) and result.png and result.image.std() > 0
-    print(f"{prompt!r}: PSNR {psnr(result.image, ref):.1f} dB, max pixel diff "
-          f"{np.abs(result.image.astype(int) - ref.astype(int)).max()}")
-    assert psnr(result.image, ref) >= 40
+    assert_images_close(result.image, ref, what=f"{prompt!r} vs QwenImagePipeline")
     # latents: random tiny weights move pixels little, so compare what denoising added to the noise
     ours = run_schedule(runner.env, params).values["latents"]
     want = _reference(pipe, params, " " if negative is None else negative, output_type="latent")
@@ -157,8 +155,9 @@ def test_negative_prompt_and_guidance_change_the_output(runner):
     b = runner.generate(runner.resolve(**base, negative_prompt="green tree")).image
     c = runner.generate(runner.resolve(**base, guidance=1.0, negative_prompt="green tree")).image
     d = runner.generate(runner.resolve(**base, guidance=1.0)).image
-    assert not np.array_equal(a, b)  # the negative prompt is encoded and used
-    assert np.array_equal(c, d)      # without true CFG it is ignored, as in the pipeline
+    assert not images_close(a, b)  # the negative prompt is encoded and used (moves more than rounding)
+    # without true CFG it is ignored, as in the pipeline: same program and inputs, so exact
+    assert np.array_equal(c, d)
 
 
 def _variant(tmp_path, old, new):

@@ -114,8 +114,8 @@ def test_equals_unsplit(results, layout, mode):
 def test_padding_contents_change_nothing(results, layout, mode):
     for r in results[layout]:
         for n in (1, 5):
-            for clean, dirty in zip(r[mode, n], r[mode, n, "poisoned"]):
-                assert torch.equal(clean, dirty), (layout, mode, n)
+            for clean, dirty in zip(r[mode, n], r[mode, n, "poisoned"]):  # one rank's code, masked
+                assert torch.equal(clean, dirty), (layout, mode, n)  # rows only: exact by construction
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))

@@ -21,7 +21,7 @@ from PIL import Image
 
 from difflet.runtime import client
 from difflet.runtime.demo import start_server, stop_server
-from oracle_util import psnr
+from oracle_util import assert_images_close
 
 
 def png_array(data: bytes) -> np.ndarray:
@@ -69,8 +69,7 @@ def test_served_image_matches_fluxpipeline(server, flux_tiny_ckpt, prompt, seed,
                           height=32, width=32, max_sequence_length=32).images[0])
     assert (reply.seed, reply.steps) == (seed, steps or 4)
     assert ours.shape == ref.shape == (32, 32, 3)
-    assert psnr(ours, ref) >= 40.0
-    assert np.abs(ours.astype(int) - ref.astype(int)).max() <= 1
+    assert_images_close(ours, ref, what="served PNG vs FluxPipeline")
     assert min(reply.timings.encode_ms, reply.timings.denoise_ms, reply.timings.decode_ms) > 0
 
 
@@ -78,7 +77,7 @@ def test_repeated_requests_are_byte_identical(server):
     first = client.generate(server, "a cat on a box", 3, timeout=300).png
     other = client.generate(server, "a green tree", 4, steps=3, timeout=300).png
     again = client.generate(server, "a cat on a box", 3, timeout=300).png
-    assert first == again
+    assert first == again  # one server, one compiled program, same request: exact by construction
     assert other != first
 
 
@@ -104,10 +103,12 @@ def test_invalid_requests_are_invalid_argument_naming_the_field(server, kwargs, 
     assert details in err.value.details()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _refusing_port() -> socket.socket:
+    """A socket bound to a loopback port and never listening: connections to it are refused, and
+    no other process can take the port while it is held (a closed "free" port could be reused)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    return s
 
 
 def test_cli_generate_exit_codes(server, tmp_path):
@@ -117,6 +118,7 @@ def test_cli_generate_exit_codes(server, tmp_path):
     ok = CliRunner().invoke(main, ["generate", "--server", server, "a red fox in the snow", "--seed", "42",
                                    "-o", str(out)])
     assert ok.exit_code == 0, ok.output
+    # the CLI and the client asked one server (one compiled program) the same: exact by construction
     assert out.read_bytes() == client.generate(server, "a red fox in the snow", 42, timeout=300).png
 
     bad = CliRunner().invoke(main, ["generate", "--server", server, "a fox", "--height", "64",
@@ -125,8 +127,9 @@ def test_cli_generate_exit_codes(server, tmp_path):
     assert bad.stderr.strip().startswith("error: ") and "height: 64" in bad.stderr
     assert "Traceback" not in bad.output and len(bad.stderr.strip().splitlines()) == 1
 
-    down = CliRunner().invoke(main, ["generate", "--server", f"127.0.0.1:{_free_port()}", "a fox",
-                                     "-o", str(tmp_path / "y.png"), "--timeout", "10"])
+    with _refusing_port() as refusing:
+        down = CliRunner().invoke(main, ["generate", "--server", "127.0.0.1:%d" % refusing.getsockname()[1],
+                                         "a fox", "-o", str(tmp_path / "y.png"), "--timeout", "60"])
     assert down.exit_code == 1
     assert "UNAVAILABLE" in down.stderr and "Traceback" not in down.output
     assert not (tmp_path / "x.png").exists() and not (tmp_path / "y.png").exists()
@@ -138,7 +141,7 @@ def test_cache_override_skips_denoiser_calls_and_off_matches_the_default(server)
     off = client.generate(server, "a red fox", 9, steps=20, cache="off", timeout=300)
     cached = client.generate(server, "a red fox", 9, steps=20, cache="cadence:2", timeout=300)
     assert (plain.cache, plain.cached_steps, plain.denoiser_calls) == ("off", 0, 20)
-    assert off.png == plain.png and off.cache == "off"
+    assert off.png == plain.png and off.cache == "off"  # same server and request: exact
     assert cached.cache == "cadence:2" and cached.cached_steps == 5
     assert cached.denoiser_calls + cached.cached_steps == 20
     with pytest.raises(grpc.RpcError) as err:  # a calibration file is checked by the runner
@@ -157,8 +160,9 @@ def test_cli_generate_progress_and_timeout(server, tmp_path):
     assert "step 1/3" in ok.stderr and "step 3/3 [" + "#" * 30 + "]" in ok.stderr
     assert ok.stdout.startswith(f"wrote {out}")
 
+    # 1000 steps in 0.1 s would be 0.1 ms a step: late on any CPU, however fast or idle
     late = CliRunner().invoke(main, ["generate", "--server", server, "a red fox", "--steps", "1000",
-                                     "--timeout", "0.5", "-o", str(tmp_path / "late.png")])
+                                     "--timeout", "0.1", "-o", str(tmp_path / "late.png")])
     assert late.exit_code == 1
     assert late.stderr.startswith("error: ") and "DEADLINE_EXCEEDED" in late.stderr
     assert len(late.stderr.strip().splitlines()) == 1 and not (tmp_path / "late.png").exists()

@@ -8,6 +8,7 @@ import pytest
 
 from difflet.errors import DiffletError
 from difflet.runtime.media import decode_mp4, encode_mp4, encode_output, encode_png
+from oracle_util import psnr
 
 
 def _clip(frames: int = 9, height: int = 32, width: int = 48) -> np.ndarray:
@@ -18,16 +19,11 @@ def _clip(frames: int = 9, height: int = 32, width: int = 48) -> np.ndarray:
     return np.stack(out).astype(np.uint8)
 
 
-def _psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
-    return float("inf") if mse == 0 else 10 * np.log10(255.0 ** 2 / mse)
-
-
 def test_mp4_round_trip_keeps_every_frame_and_the_rate():
     video = _clip()
     frames, fps = decode_mp4(encode_mp4(video, 16.0))
     assert frames.shape == video.shape and fps == 16.0
-    assert min(_psnr(a, b) for a, b in zip(frames, video)) >= 38.0  # H.264 CRF 12, 4:2:0 chroma
+    assert min(psnr(a, b) for a, b in zip(frames, video)) >= 38.0  # H.264 CRF 12, 4:2:0 chroma
 
 
 def test_mp4_bytes_are_deterministic_and_depend_on_the_frames():
@@ -65,6 +61,6 @@ def test_encode_output_picks_png_for_an_image_and_mp4_for_a_video():
     image = _clip(1)[0]
     data, kind = encode_output(image, None)
     assert kind == "png" and data == encode_png(image)
-    assert np.array_equal(np.asarray(Image.open(io.BytesIO(data))), image)
+    assert np.array_equal(np.asarray(Image.open(io.BytesIO(data))), image)  # PNG is lossless: exact
     data, kind = encode_output(None, _clip(), fps=16.0)
     assert kind == "mp4" and decode_mp4(data)[0].shape == _clip().shape

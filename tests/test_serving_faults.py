@@ -1,15 +1,20 @@
 """Two-process serving under faults, over real gRPC on loopback: one difflet-runtime (module
-scope, --queue-size 2, one model process) on flux-tiny artifacts at 128x128 (a slower profile).
+scope, --queue-size 2 --grace 30 --threads 1, one model process) on flux-tiny artifacts at
+128x128 (a slower profile).
 
-Covers: NOT_SERVING (and UNAVAILABLE) until the warm-up passed, a 1 s deadline answered at
-1.0 s +- 0.2 s with the same model process serving the next request, Cancel of a running and of
-a queued request, the queue bound (a burst of 10 -> exactly 7 RESOURCE_EXHAUSTED, 3 complete),
-SIGKILL of the model process mid-request (UNAVAILABLE within 1 s, queued requests complete after
-recovery, health NOT_SERVING -> SERVING, 0 compiles, byte-identical PNG), and the metrics.
+Covers: NOT_SERVING (and UNAVAILABLE) until the warm-up passed, a 1 s deadline answered
+DEADLINE_EXCEEDED (never early, counted by the server as a deadline) with the same model process
+serving the next request, Cancel of a running and of a queued request, the queue bound (one
+running request, then a burst of 9 -> exactly 7 RESOURCE_EXHAUSTED while the queue is full, 2
+complete), SIGKILL of the model process mid-request (UNAVAILABLE before the replacement is up,
+queued requests complete after recovery, health NOT_SERVING -> SERVING, 0 compiles,
+byte-identical PNG), and the metrics. No assert depends on how fast the machine is: times are
+bounded below by the deadline and above only by a generous "did not hang" guard.
 """
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import threading
 import time
@@ -19,7 +24,7 @@ import pytest
 
 from difflet.runtime import client
 from difflet.runtime.demo import launch_server, read_line, stop_server
-from serving_util import HealthWatch, Stream, scrape, wait_exit
+from serving_util import WAIT_S, HealthWatch, Stream, scrape, wait_exit
 
 PROMPT, SEED = "a lighthouse at dusk", 11
 SLOW = 1000  # the most steps a request may ask: many seconds at 1024 tokens on any CPU
@@ -44,7 +49,10 @@ class Held:
 def held(flux_tiny_slow_art, tmp_path_factory):
     fifo = tmp_path_factory.mktemp("hold") / "load.fifo"
     os.mkfifo(fifo)
-    proc = launch_server(flux_tiny_slow_art, ("--queue-size", "2", "--grace", "5", "--metrics-port", "0"),
+    # one torch thread: OpenMP barriers on oversubscribed shared cores stretched a step past a 5 s
+    # grace (seen with two CPU burners); the grace is generous, a kill still means "did not stop"
+    proc = launch_server(flux_tiny_slow_art, ("--queue-size", "2", "--grace", "30", "--threads", "1",
+                                              "--metrics-port", "0"),
                          env={"DIFFLET_FAULTS": f"hold-load:{fifo}"})
     address = read_line(proc, "starting on ")
     metrics = read_line(proc, "metrics on ")
@@ -79,19 +87,27 @@ def test_not_serving_and_unavailable_until_the_warm_up_passed(held):
         watch.close()
 
 
-def test_deadline_is_answered_at_the_deadline_and_the_same_process_serves_next(server):
+def deadline_count(metrics: str) -> float:
+    return scrape(metrics).get(("difflet_requests_total", (("outcome", "deadline"),)), 0.0)
+
+
+def test_deadline_is_answered_at_the_deadline_and_the_same_process_serves_next(server, held):
     pid = model_pid(server)
+    deadlines = deadline_count(held.metrics)
     start = time.monotonic()
     with pytest.raises(grpc.RpcError) as err:
         client.generate(server, PROMPT, SEED, steps=SLOW, timeout=1.0)
     elapsed = time.monotonic() - start
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert 0.8 <= elapsed <= 1.2, elapsed
-    reply = client.generate(server, PROMPT, SEED, timeout=120)
+    # never before the deadline (gRPC timers keep whole milliseconds); the upper bound only says
+    # "did not hang", however loaded the machine
+    assert 0.99 <= elapsed < 1.0 + 30, elapsed
+    reply = client.generate(server, PROMPT, SEED, timeout=WAIT_S)
+    # the server ended the request itself as a deadline (not only the client giving up)...
+    assert deadline_count(held.metrics) == deadlines + 1
+    # ...and the 1000-step run stopped at a step boundary: had it not stopped within --grace (30 s),
+    # the process would have been killed and replaced (another pid, one recovery)
     assert reply.model_pid == pid == model_pid(server)
-    # the cancelled 1000-step run stopped at a step boundary instead of running to its end
-    # (which takes well over 5 s on this CPU); the bound is loose for a loaded shared machine
-    assert reply.timings.queue_ms < 5000, reply.timings.queue_ms
     assert client.get_profile(server).serving.recoveries == 0
 
 
@@ -115,39 +131,46 @@ def test_cancel_a_running_and_a_queued_request(server):
     with pytest.raises(grpc.RpcError) as empty:
         client.cancel(server, "")
     assert empty.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert client.generate(server, PROMPT, SEED, timeout=120).model_pid == pid
+    assert client.generate(server, PROMPT, SEED, timeout=WAIT_S).model_pid == pid
 
 
 def test_queue_bound_rejects_exactly_the_overflow_and_completes_the_rest(server):
-    barrier = threading.Barrier(10)
-    outcomes: list = [None] * 10
+    """A 1000-step request holds the one model process; of a burst of 9, exactly 2 fit the queue
+    (--queue-size 2). The 7 refusals all arrive while the holder still runs and the 2 still wait,
+    so they were refused while the queue was full, without waiting for a slot; once the holder
+    is cancelled, the 2 queued complete."""
+    holder = Stream(server, PROMPT, SEED, steps=SLOW, request_id="queue-holder")
+    holder.wait_for("progress")
+    barrier = threading.Barrier(9)
+    outcomes: queue.Queue = queue.Queue()
 
     def call(i: int) -> None:
         barrier.wait()
-        start = time.monotonic()
         try:
-            reply = client.generate(server, PROMPT, i, steps=100, timeout=300)
-            outcomes[i] = ("OK", reply.png, time.monotonic() - start)
+            outcomes.put(("OK", client.generate(server, PROMPT, i, steps=3, timeout=WAIT_S).png))
         except grpc.RpcError as err:
-            outcomes[i] = (err.code().name, err.details(), time.monotonic() - start)
+            outcomes.put((err.code().name, err.details()))
 
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(10)]
+    threads = [threading.Thread(target=call, args=(i,), daemon=True) for i in range(9)]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join()
-    codes = sorted(o[0] for o in outcomes)
-    assert codes == ["OK"] * 3 + ["RESOURCE_EXHAUSTED"] * 7, codes
-    for code, detail, elapsed in outcomes:
-        if code == "OK":
-            assert detail[:8] == b"\x89PNG\r\n\x1a\n"
-        else:
-            assert "queue is full" in detail and elapsed < 1.0  # refused at once
+    try:
+        refused = [outcomes.get(timeout=WAIT_S) for _ in range(7)]
+        assert not holder.done.is_set(), "the 1000-step holder ended before the burst was refused"
+        assert client.get_profile(server).serving.queue_depth == 2  # the admitted two still wait
+    finally:
+        client.cancel(server, "queue-holder")
+    for code, detail in refused:
+        assert code == "RESOURCE_EXHAUSTED" and "queue is full" in detail, (code, detail)
+    assert holder.finish()[1].code() == grpc.StatusCode.CANCELLED
+    completed = [outcomes.get(timeout=WAIT_S) for _ in range(2)]
+    for code, png in completed:
+        assert code == "OK" and png[:8] == b"\x89PNG\r\n\x1a\n", (code, png[:40])
 
 
 def test_sigkill_mid_request_recovers_from_saved_artifacts(server, flux_tiny_slow_art):
     before = {p: p.stat().st_mtime_ns for p in flux_tiny_slow_art.rglob("*")}
-    reference = client.generate(server, PROMPT, SEED, timeout=120).png
+    reference = client.generate(server, PROMPT, SEED, timeout=WAIT_S).png
     old_pid = model_pid(server)
     watch = HealthWatch(server)
     try:
@@ -156,16 +179,19 @@ def test_sigkill_mid_request_recovers_from_saved_artifacts(server, flux_tiny_slo
         queued = [Stream(server, PROMPT, SEED, request_id=f"queued-{i}") for i in range(2)]
         for stream in queued:
             stream.wait_for("queued")
-        killed_at = time.monotonic()
         os.kill(old_pid, signal.SIGKILL)
-        result, error = victim.finish(timeout=5)
+        result, error = victim.finish()
         assert error is not None and error.code() == grpc.StatusCode.UNAVAILABLE, error
-        assert time.monotonic() - killed_at < 1.0
+        # answered when the death was seen, not after the replacement loaded (seconds of imports
+        # and a warm-up): health has not come back and no queued request has been served yet
+        assert not watch.has_seen(["SERVING", "NOT_SERVING", "SERVING"]), watch.statuses
+        assert not any(stream.done.is_set() for stream in queued)
         assert f"pid {old_pid}" in error.details() and "signal 9" in error.details()
-        assert wait_exit(old_pid, 5)
+        assert wait_exit(old_pid, WAIT_S)
         for stream in queued:
             result, error = stream.finish()
             assert error is None, error
+            # the replacement loads the same compiled programs on the same CPU: exact
             assert result.png == reference and result.model_pid not in (0, old_pid)
         assert watch.wait_for(["SERVING", "NOT_SERVING", "SERVING"])
     finally:
@@ -174,7 +200,7 @@ def test_sigkill_mid_request_recovers_from_saved_artifacts(server, flux_tiny_slo
     (process,) = serving.processes
     assert (serving.recoveries, process.generation, process.compiles) == (1, 1, 0)
     assert process.state == "ready" and process.pid != old_pid
-    assert client.generate(server, PROMPT, SEED, timeout=120).png == reference
+    assert client.generate(server, PROMPT, SEED, timeout=WAIT_S).png == reference
     assert {p: p.stat().st_mtime_ns for p in flux_tiny_slow_art.rglob("*")} == before  # nothing rebuilt
 
 
@@ -182,7 +208,7 @@ def test_metrics_count_requests_rejects_and_recoveries(server, held):
     before = scrape(held.metrics)
     with pytest.raises(grpc.RpcError):
         client.generate(server, PROMPT, SEED, height=64, timeout=30)
-    reply = client.generate(server, PROMPT, SEED, steps=3, timeout=120)
+    reply = client.generate(server, PROMPT, SEED, steps=3, timeout=WAIT_S)
     after = scrape(held.metrics)
 
     def delta(name, **labels):

@@ -16,6 +16,7 @@ from difflet.ir.nodes import Module, Op
 
 FLUX_TINY4 = Path(__file__).resolve().parent.parent / "models" / "flux-tiny4.dsl"
 T = 32
+PROBE_WAIT_S = 90.0  # generous on a loaded machine, and below the 120 s store timeout ranks 1-3 wait with
 
 
 def _plan(parallel, attention=None):
@@ -53,7 +54,8 @@ def test_manifest_lists_one_program_and_presharded_weights_per_rank(split_art):
     w = [load_file(str(out / f["weights"]["path"])) for f in entry["ranks"]]
     q = "model.transformer_blocks.0.attn.to_q.weight"
     assert w[0][q].shape == (32, 64)  # 64 output features (4 heads x 16) split over tp=2
-    assert torch.equal(w[0][q], w[2][q]) and not torch.equal(w[0][q], w[1][q])  # same tp shard on both cp ranks
+    # same tp shard on both cp ranks: slices of one tensor, so exact
+    assert torch.equal(w[0][q], w[2][q]) and not torch.equal(w[0][q], w[1][q])
 
 
 def test_compiled_split_program_equals_unsplit_diffusers(split_art):
@@ -111,8 +113,10 @@ def gil_probed_rank(rank, groups, backend, program, weights):
     0's program then waits in its first collective (with rank 1) for them. A program that holds the
     GIL while it waits (torch's own AOTI binding does) starves the probe: the ranks hang until the
     timeout. That is the deadlock the gloo threads hit when they need the GIL to drop a finished
-    collective's tensors."""
+    collective's tensors. If rank 0 is not seen blocked within PROBE_WAIT_S, the probe says so in
+    the key and ranks 1-3 fail with that message instead of the call hanging."""
     import threading
+    import time
 
     import torch.distributed as dist
 
@@ -129,13 +133,23 @@ def gil_probed_rank(rank, groups, backend, program, weights):
             main = threading.get_ident()
 
             def probe():
+                # no event exists for "another thread entered native code": observe it, sleeping
+                # between looks so the probe never spins a core
+                end = time.monotonic() + PROBE_WAIT_S
                 while not _blocked_in_native_call(main):
-                    pass
+                    if time.monotonic() > end:
+                        store.set(key, "rank 0's main thread was not seen blocked in the runner's "
+                                       f"native call within {PROBE_WAIT_S:.0f} s")
+                        return
+                    time.sleep(0.005)
                 store.set(key, "ran")
 
             threading.Thread(target=probe, daemon=True).start()
         else:
             store.wait([key])
+            seen = store.get(key).decode()
+            if seen != "ran":
+                raise RuntimeError(seen)
         return run(*tensors)
     return call
 
@@ -151,7 +165,8 @@ def test_compiled_rank_programs_let_other_threads_run_while_waiting_on_collectiv
     args = [("inductor", str(out / r["program"]["path"]), str(out / r["weights"]["path"]))
             for r in manifest["ranks"]]
     x = example_inputs(node)
-    with SplitProgram(node, degrees(node), gil_probed_rank, args, timeout=60) as prog:
+    # a program that holds the GIL hangs the call: the generous timeout bounds that failure
+    with SplitProgram(node, degrees(node), gil_probed_rank, args, timeout=300) as prog:
         for _ in range(2):
             assert prog(*x[:-1], T)[0].shape == x[0].shape
 

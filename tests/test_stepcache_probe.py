@@ -143,7 +143,7 @@ def test_compiled_requests_are_byte_identical_whatever_ran_before(compiled_runne
         params = r.resolve(prompt="a lighthouse", seed=11, steps=20, cache=mode)
         first = r.generate(params)
         r.generate(r.resolve(prompt="something else", seed=5, steps=16, cache=f"calibrated:{cal_path}"))
-        assert r.generate(params).png == first.png, mode
+        assert r.generate(params).png == first.png, mode  # same process and programs: exact
     default = r.generate(r.resolve(prompt="a lighthouse", seed=11, steps=20))
     assert default.stats["schedule"] == "FFFFF" + "FC" * 5 + "FFFFF"
     calibrated = r.generate(r.resolve(prompt="a lighthouse", seed=11, steps=20, cache=f"calibrated:{cal_path}"))
