@@ -50,7 +50,7 @@ class VideoJobs:
     MAX_RECORDS = 10000  # ended records kept at most (oldest dropped first), beyond retention
 
     def __init__(self, dispatcher, content: ContentStore, retention_s: float) -> None:
-        self.dispatcher, self.content, self.retention_s = dispatcher, content, retention_s
+        self.dispatcher, self.store, self.retention_s = dispatcher, content, retention_s
         self._jobs: dict[str, VideoJob] = {}
         self.changed = threading.Condition()
         content.on_evict = self._evicted
@@ -78,7 +78,7 @@ class VideoJobs:
 
     def content(self, video_id: str) -> bytes:
         video = self.get(video_id)
-        data = self.content.get(video.id + ".mp4") if video.status == "completed" else None
+        data = self.store.get(video.id + ".mp4") if video.status == "completed" else None
         if data is None:
             raise ApiError(404, f"video job {video_id!r} has no content (status {video.to_json()['status']})",
                            "invalid_request_error", "video_id", "not_ready")
@@ -91,7 +91,7 @@ class VideoJobs:
         with self.changed:
             self._jobs.pop(video.id, None)
             self.changed.notify_all()
-        self.content.remove(video.id + ".mp4")
+        self.store.remove(video.id + ".mp4")
         return {"id": video.id, "object": "video.deleted", "deleted": True, "cancelled": state or None}
 
     def wait_change(self, video: VideoJob, version: int, timeout: float) -> bool:
@@ -119,7 +119,7 @@ class VideoJobs:
                 self._update(video, status="in_progress", progress=min(99, step * 100 // max(1, total)))
         if job.code == "ok":
             try:
-                self.content.put(video.id + ".mp4", job.result["mp4"])
+                self.store.put(video.id + ".mp4", job.result["mp4"])
             except ValueError as err:
                 self._end(video, "failed", {"code": "content_too_large", "message": str(err)})
                 return
