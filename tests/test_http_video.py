@@ -115,6 +115,29 @@ def test_job_lifecycle_delete_of_a_running_job_and_a_full_queue(server):
     assert call(http_address, "GET", f"/v1/videos/{b['id']}/content")[0] == 404
 
 
+def test_the_openai_package_video_routes(server):
+    """client.videos.* (create sends multipart/form-data) against the same job store."""
+    import openai
+
+    grpc_address, http_address = server
+    oai = openai.OpenAI(base_url=f"http://{http_address}/v1", api_key="none-needed", max_retries=0)
+    job = oai.videos.create(prompt=PROMPT, size=f"{SIZE}x{SIZE}",
+                            extra_body={"seed": 9, "num_inference_steps": 2})
+    assert job.status in ("queued", "in_progress") and job.id.startswith("video_")
+    *_, last = sse(http_address, "GET", f"/v1/videos/{job.id}/events")  # waits for the end
+    done = oai.videos.retrieve(job.id)
+    assert (last["status"], done.status, done.progress) == ("completed", "completed", 100)
+    mp4 = oai.videos.download_content(job.id).content
+    assert mp4 == grpc_client.generate(grpc_address, PROMPT, 9, steps=2, timeout=300).mp4
+    assert job.id in [v.id for v in oai.videos.list().data]
+    assert oai.videos.delete(job.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        oai.videos.retrieve(job.id)
+    with pytest.raises(openai.BadRequestError) as err:
+        oai.videos.create(prompt=PROMPT, extra_body={"num_inference_steps": "many"})
+    assert err.value.param == "num_inference_steps"
+
+
 def test_content_store_retention_and_disk_bound(tmp_path):
     evicted, gone = [], threading.Event()
 

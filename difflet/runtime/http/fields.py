@@ -25,6 +25,36 @@ IMAGE_FIELDS = COMMON + ("n", "response_format", "output_format", "stream") + IG
 VIDEO_FIELDS = COMMON + ("seconds", "num_frames", "fps") + IGNORED
 
 
+FORM_INTS = ("n", "seed", "num_inference_steps", "num_frames")
+FORM_NUMBERS = ("guidance_scale", "fps", "timeout")
+
+
+def form_fields(content_type: str, raw: bytes) -> dict[str, Any]:
+    """A multipart/form-data body -> the JSON-shaped dict (numbers parsed by field name).
+    A file part (OpenAI's `input_reference`) is refused: image-to-video is not served."""
+    from email.parser import BytesParser
+    from email.policy import HTTP
+
+    message = BytesParser(policy=HTTP).parsebytes(
+        b"Content-Type: " + content_type.encode() + b"\r\n\r\n" + raw)
+    if not message.is_multipart():
+        raise ApiError(400, "the multipart/form-data body could not be parsed", code="invalid_body")
+    out: dict[str, Any] = {}
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        if not name:
+            continue
+        if part.get_filename() is not None:
+            raise bad_field(name, "file inputs are not served (text-to-image/video only)")
+        text = part.get_payload(decode=True).decode("utf-8", "replace")
+        try:
+            out[name] = int(text) if name in FORM_INTS else float(text) if name in FORM_NUMBERS \
+                else (text == "true") if name == "stream" and text in ("true", "false") else text
+        except ValueError:
+            raise bad_field(name, f"{text!r} is not a number") from None
+    return out
+
+
 def _type(body: dict, name: str, kinds, what: str):
     value = body.get(name)
     if value is None:

@@ -77,6 +77,9 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             raise ApiError(413, f"the body is {length} bytes, at most {MAX_BODY}", code="too_large")
         raw = self.rfile.read(int(length))
+        ctype = self.headers.get("Content-Type", "")
+        if ctype.startswith("multipart/form-data"):  # what the openai package sends to POST /videos
+            return F.form_fields(ctype, raw)
         try:
             return json.loads(raw or b"null")
         except ValueError as err:
