@@ -184,3 +184,25 @@ def test_http_modules_import_without_torch():
             "import difflet.runtime.http.app, difflet.runtime.http.auth, difflet.runtime.server\n"
             "assert 'torch' not in sys.modules, sorted(k for k in sys.modules if 'torch' in k)[:5]\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_503_before_the_warm_up_passed(flux_tiny_art, tmp_path):
+    import os
+
+    from difflet.runtime.demo import launch_server, read_line
+
+    fifo = tmp_path / "load.fifo"
+    os.mkfifo(fifo)
+    proc = launch_server(flux_tiny_art, ("--http-port", "0"), env={"DIFFLET_FAULTS": f"hold-load:{fifo}"})
+    try:
+        http_address = read_line(proc, "http on ")  # bound before the model process loads
+        assert call_json(http_address, "GET", "/health") == (503, {"status": "not_serving"})
+        status, reply = call_json(http_address, "POST", "/v1/images/generations", {"prompt": PROMPT})
+        assert status == 503 and reply["error"]["code"] == "unavailable"
+        assert "loading" in reply["error"]["message"]
+        with open(fifo, "w") as f:  # blocks until the model process opened the FIFO
+            f.write("go\n")
+        read_line(proc, "listening on ")
+        assert call_json(http_address, "GET", "/health") == (200, {"status": "serving"})
+    finally:
+        assert stop_server(proc) == 0
