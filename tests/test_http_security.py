@@ -124,3 +124,18 @@ def test_cli_generate_sends_the_key_over_tls(server, tls, tmp_path, monkeypatch)
     assert CliRunner().invoke(main, args[:-1] + [str(again)]).exit_code == 0
     assert out.read_bytes() == again.read_bytes() == grpc_client.generate(
         grpc_address, PROMPT, 4, timeout=300, api_key=KEY, tls_ca=str(tls[0])).png
+
+
+def test_unusable_tls_files_are_one_error_line(flux_tiny_art, tmp_path):
+    import subprocess
+    import sys
+
+    bad = tmp_path / "bad.pem"
+    bad.write_text("not a certificate\n")
+    for extra in (["--tls-cert", str(bad)], ["--tls-cert", str(bad), "--tls-key", str(bad)]):
+        proc = subprocess.run([sys.executable, "-m", "difflet.runtime.server", "--artifacts",
+                               str(flux_tiny_art), "--port", "0", "--http-port", "0", *extra],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        (line,) = proc.stderr.strip().splitlines()
+        assert line.startswith("error: ") and "--tls-" in line

@@ -164,6 +164,18 @@ class DiffletServer:
             request_timeout_s=self.request_timeout or 0.0, grace_s=self.grace)
 
 
+def _check_tls(cert: str, key: str) -> None:
+    """Refuse an unusable certificate/key pair before anything starts (issue 14)."""
+    import ssl
+
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key)
+    except (ssl.SSLError, OSError) as err:
+        raise click.BadParameter(f"{cert} / {key}: not a usable PEM certificate and key "
+                                 f"({getattr(err, 'reason', None) or err})",
+                                 param_hint="--tls-cert/--tls-key") from None
+
+
 def _expectations(pairs: tuple[str, ...]) -> dict[str, str]:
     out = {}
     for pair in pairs:
@@ -232,6 +244,8 @@ def main(art: str, port: int, host: str, queue_size: int, request_timeout: float
     try:
         if (tls_cert is None) != (tls_key is None):
             raise click.BadParameter("give both --tls-cert and --tls-key", param_hint="--tls-cert")
+        if tls_cert:
+            _check_tls(tls_cert, tls_key)
         server = DiffletServer(art, host, port, queue_size=queue_size,
                                request_timeout=request_timeout or None, grace=grace, cache=cache,
                                replicas=replicas, expect=_expectations(expect), verify=not no_verify,
