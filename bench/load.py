@@ -9,6 +9,10 @@ answer), SLO attainment (answer within 2.1x the isolated latency), and requests 
 answer that is not an image; must be 0 -- the queue is sized so nothing is refused).
 
     python bench/load.py [--n 20] [--steps 20] [--loads 0.5,0.8,1.0,1.2] [--art DIR | --store DIR]
+                         [--http]
+
+--http sends every request as an OpenAI `POST /v1/images/generations` (b64_json) to the
+server's HTTP port instead of gRPC Generate (a fresh connection per request; same queue).
 
 Note: by default the server gives each model process cpu_count // replicas torch threads;
 --threads N fixes it for both configurations (so the comparison is replicas alone).
@@ -58,23 +62,57 @@ def percentile(values: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
+class HttpFailed(Exception):
+    """An HTTP answer that is not a PNG; `code` names it like a gRPC status name."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
+
+
 class Target:
-    """A running difflet-runtime and a stub on one channel."""
+    """A running difflet-runtime and a stub on one channel (or its HTTP address)."""
 
-    def __init__(self, art: Path, replicas: int, threads: int = 0) -> None:
+    def __init__(self, art: Path, replicas: int, threads: int = 0, http: bool = False) -> None:
         from difflet.runtime import client, difflet_pb2_grpc as pb_grpc
-        from difflet.runtime.demo import start_server
+        from difflet.runtime.demo import launch_server, read_line
 
-        self.proc, self.address = start_server(art, args=("--replicas", str(replicas),
-                                                          "--queue-size", "10000",
-                                                          "--threads", str(threads)))
+        args = ("--replicas", str(replicas), "--queue-size", "10000", "--threads", str(threads))
+        self.proc = launch_server(art, args + (("--http-port", "0") if http else ()))
+        self.http = read_line(self.proc, "http on ") if http else None
+        self.address = read_line(self.proc, "listening on ")  # printed once SERVING
         self.channel = client.channel(self.address)
         self.stub = pb_grpc.DiffletStub(self.channel)
 
     def request(self, seed: int, steps: int):
         from difflet.runtime import client
 
+        if self.http:
+            return self._http_request(seed, steps)
         return self.stub.Generate(client.make_request(PROMPT, seed, steps=steps), timeout=3600)
+
+    def _http_request(self, seed: int, steps: int) -> bytes:
+        import base64
+        import http.client
+
+        host, port = self.http.rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port), timeout=3600)
+        try:
+            conn.request("POST", "/v1/images/generations", body=json.dumps(
+                {"prompt": PROMPT, "seed": seed, "num_inference_steps": steps}),
+                headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            body = resp.read()
+        except OSError as err:
+            raise HttpFailed(f"connection: {err}") from None
+        finally:
+            conn.close()
+        if resp.status != 200:
+            raise HttpFailed(f"HTTP {resp.status}")
+        png = base64.b64decode(json.loads(body)["data"][0]["b64_json"])
+        if not png.startswith(b"\x89PNG"):
+            raise HttpFailed("not a PNG")
+        return png
 
     def close(self) -> None:
         from difflet.runtime.demo import stop_server
@@ -108,6 +146,8 @@ def run_level(target: Target, times: list[float], steps: int) -> dict:
             results[i] = ("ok", time.perf_counter() - (t0 + times[i]))
         except grpc.RpcError as err:
             results[i] = (err.code().name, time.perf_counter() - sent)
+        except HttpFailed as err:
+            results[i] = (err.code, time.perf_counter() - sent)
 
     for i, at in enumerate(times):
         delay = t0 + at - time.perf_counter()
@@ -133,19 +173,21 @@ def main() -> int:
                         help="torch threads per model process (0 = the server's cpu_count // replicas)")
     parser.add_argument("--art", type=Path, default=None, help="artifact dir (else built)")
     parser.add_argument("--store", type=Path, default=REPO / ".pytest_cache" / "difflet-store")
+    parser.add_argument("--http", action="store_true",
+                        help="send OpenAI-style HTTP requests instead of gRPC Generate")
     args = parser.parse_args()
     loads = [float(x) for x in args.loads.split(",")]
     art = args.art or build_artifacts(args.store)
 
     rows, raw = [], {}
-    single = Target(art, 1, args.threads)
+    single = Target(art, 1, args.threads, args.http)
     try:
         iso = isolated_latency(single, args.steps)
-        print(f"isolated latency {iso * 1000:.0f} ms ({args.steps} steps); SLO {SLO_FACTOR}x = "
+        print(f"{'HTTP' if args.http else 'gRPC'}: isolated latency {iso * 1000:.0f} ms ({args.steps} steps); SLO {SLO_FACTOR}x = "
               f"{SLO_FACTOR * iso * 1000:.0f} ms", flush=True)
         sequences = {rho: arrivals(rho / iso, args.n, args.seed + k) for k, rho in enumerate(loads)}
         for name, replicas in (("1 process", 1), ("2 replicas", 2)):
-            target = single if replicas == 1 else Target(art, replicas, args.threads)
+            target = single if replicas == 1 else Target(art, replicas, args.threads, args.http)
             try:
                 if replicas > 1:
                     run_level(target, [0.0] * replicas, args.steps)  # every replica's first call

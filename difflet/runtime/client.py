@@ -6,6 +6,8 @@ Invariants:
 - `wait_serving` waits on the server's own health stream (no polling sleeps).
 - `generate_stream` yields the server's events (queued, progress, result) as they come.
 - `truncation_notice(reply)` is one line naming each encoder that cut the prompt, or None.
+- `api_key` is sent on every call as `authorization: Bearer KEY` metadata; `tls_ca` (a PEM
+  file) makes the channel TLS, verifying the server against that CA.
 """
 from __future__ import annotations
 
@@ -19,8 +21,46 @@ from difflet.runtime.service import SERVICE_NAME
 MAX_MESSAGE = 256 * 1024 * 1024  # replies carry PNG/MP4 bytes; real profiles exceed gRPC's 4 MiB default
 
 
-def channel(server: str) -> grpc.Channel:
-    return grpc.insecure_channel(server, options=[("grpc.max_receive_message_length", MAX_MESSAGE)])
+class _BearerKey(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                 grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds `authorization: Bearer KEY` to every call (works on insecure channels too, unlike
+    call credentials)."""
+
+    def __init__(self, key: str) -> None:
+        self._pair = ("authorization", f"Bearer {key}")
+
+    def _with_key(self, details):
+        metadata = list(details.metadata or []) + [self._pair]
+        return details._replace(metadata=metadata) if hasattr(details, "_replace") else \
+            _Details(details.method, details.timeout, metadata, details.credentials,
+                     details.wait_for_ready, details.compression)
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._with_key(details), request)
+
+    intercept_unary_stream = intercept_unary_unary
+
+    def intercept_stream_unary(self, continuation, details, request_iterator):
+        return continuation(self._with_key(details), request_iterator)
+
+    intercept_stream_stream = intercept_stream_unary
+
+
+class _Details(grpc.ClientCallDetails):
+    def __init__(self, method, timeout, metadata, credentials, wait_for_ready, compression):
+        self.method, self.timeout, self.metadata = method, timeout, metadata
+        self.credentials, self.wait_for_ready, self.compression = credentials, wait_for_ready, compression
+
+
+def channel(server: str, api_key: str | None = None, tls_ca: str | None = None) -> grpc.Channel:
+    options = [("grpc.max_receive_message_length", MAX_MESSAGE)]
+    if tls_ca:
+        with open(tls_ca, "rb") as f:
+            ch = grpc.secure_channel(server, grpc.ssl_channel_credentials(root_certificates=f.read()),
+                                     options=options)
+    else:
+        ch = grpc.insecure_channel(server, options=options)
+    return grpc.intercept_channel(ch, _BearerKey(api_key)) if api_key else ch
 
 
 def make_request(prompt: str, seed: int = 0, *, steps: int | None = None,
@@ -39,17 +79,17 @@ def make_request(prompt: str, seed: int = 0, *, steps: int | None = None,
 
 
 def generate(server: str, prompt: str, seed: int = 0, *, timeout: float | None = None,
-             **fields) -> pb.GenerateReply:
+             api_key: str | None = None, tls_ca: str | None = None, **fields) -> pb.GenerateReply:
     """One Generate call; raises grpc.RpcError on failure (code() / details() say why)."""
-    with channel(server) as ch:
+    with channel(server, api_key, tls_ca) as ch:
         return pb_grpc.DiffletStub(ch).Generate(make_request(prompt, seed, **fields), timeout=timeout)
 
 
 def generate_stream(server: str, prompt: str, seed: int = 0, *, timeout: float | None = None,
-                    **fields):
+                    api_key: str | None = None, tls_ca: str | None = None, **fields):
     """GenerateStream: yields GenerateEvent messages (queued, progress..., result); raises
     grpc.RpcError when the call fails."""
-    with channel(server) as ch:
+    with channel(server, api_key, tls_ca) as ch:
         yield from pb_grpc.DiffletStub(ch).GenerateStream(make_request(prompt, seed, **fields),
                                                           timeout=timeout)
 
@@ -63,13 +103,15 @@ def truncation_notice(reply: pb.GenerateReply) -> str | None:
     return "note: truncated as the reference pipeline does: " + "; ".join(parts)
 
 
-def cancel(server: str, request_id: str, timeout: float = 10.0) -> pb.CancelReply:
-    with channel(server) as ch:
+def cancel(server: str, request_id: str, timeout: float = 10.0, *, api_key: str | None = None,
+           tls_ca: str | None = None) -> pb.CancelReply:
+    with channel(server, api_key, tls_ca) as ch:
         return pb_grpc.DiffletStub(ch).Cancel(pb.CancelRequest(request_id=request_id), timeout=timeout)
 
 
-def get_profile(server: str, timeout: float | None = None) -> pb.Profile:
-    with channel(server) as ch:
+def get_profile(server: str, timeout: float | None = None, *, api_key: str | None = None,
+                tls_ca: str | None = None) -> pb.Profile:
+    with channel(server, api_key, tls_ca) as ch:
         return pb_grpc.DiffletStub(ch).GetProfile(pb.GetProfileRequest(), timeout=timeout)
 
 

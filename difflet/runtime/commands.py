@@ -33,8 +33,13 @@ from difflet.runtime.demo import MODELS as DEMO_MODELS  # stdlib-only module: no
 @click.option("--cache", default="", help="step-cache override (default: the server's mode)")
 @click.option("--progress/--no-progress", default=None,
               help="draw a progress bar on stderr (default: when stderr is a terminal)")
+@click.option("--api-key", envvar="DIFFLET_API_KEY", default=None,
+              help="the server's API key [env DIFFLET_API_KEY]")
+@click.option("--tls-ca", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="connect over TLS, trusting this PEM CA certificate")
 def generate(prompt: str, server: str, seed: int, output: str, negative_prompt: str | None, steps,
-             guidance, height: int, width: int, timeout: float, cache: str, progress: bool | None) -> None:
+             guidance, height: int, width: int, timeout: float, cache: str, progress: bool | None,
+             api_key: str | None, tls_ca: str | None) -> None:
     """Generate one image (PNG) or video (MP4) on a running difflet-runtime and write it."""
     import grpc
 
@@ -45,7 +50,8 @@ def generate(prompt: str, server: str, seed: int, output: str, negative_prompt: 
     try:
         for event in client.generate_stream(server, prompt, seed, steps=steps, guidance=guidance,
                                             height=height, width=width, cache=cache,
-                                            negative_prompt=negative_prompt, timeout=timeout):
+                                            negative_prompt=negative_prompt, timeout=timeout,
+                                            api_key=api_key, tls_ca=tls_ca):
             if event.HasField("progress"):
                 bar.update(event.progress.step, event.progress.total, event.progress.cached)
             elif event.HasField("result"):

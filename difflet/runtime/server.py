@@ -3,6 +3,7 @@
     difflet-runtime --artifacts ART --port P [--queue-size N] [--request-timeout S] [--grace S]
                     [--cache MODE] [--metrics-port P] [--replicas N] [--threads N]
                     [--profile KEY=VALUE ...] [--prompt-policy truncate|strict]
+                    [--http-port P] [--api-key KEY] [--tls-cert PEM --tls-key PEM]
 
 Invariants:
 - Startup order: torch-free artifact checks (manifest vs module.ir, hashes of module.ir, rank
@@ -10,6 +11,9 @@ Invariants:
   metrics endpoint (stdout "metrics on HOST:PORT"), spawn the model processes, each loads the
   artifacts (load_artifacts verify=True) and passes its warm-up, and only then health says
   SERVING and stdout says "listening on HOST:PORT" (what `difflet demo` and tests wait for).
+- HTTP (--http-port; stdout "http on HOST:PORT", bound before the model processes start) shares
+  the admission, dispatcher, metrics and health of the gRPC side; --api-key guards both (gRPC
+  health and HTTP /health and / stay open); --tls-cert/--tls-key serve both over TLS.
 - SIGINT/SIGTERM stop it cleanly (health NOT_SERVING, accepted requests get up to 5 s, the rest
   UNAVAILABLE; model processes stopped), exit code 0. A startup failure is one "error: ..." line
   on stderr: exit 2 for bad input (a refused artifact, a bad option), 1 otherwise.
@@ -44,7 +48,8 @@ class DiffletServer:
     def __init__(self, art: str, host: str = "127.0.0.1", port: int = 0, *, queue_size: int = 16,
                  request_timeout: float | None = None, grace: float = 10.0, cache: str = "off",
                  replicas: int = 1, expect: dict | None = None, verify: bool = True,
-                 threads: int = 0, prompt_policy: str = "truncate") -> None:
+                 threads: int = 0, prompt_policy: str = "truncate", api_key: str | None = None,
+                 tls: tuple[str, str] | None = None) -> None:
         from difflet.runtime.admission import Admission, check_cache_mode
         from difflet.runtime.dispatcher import Dispatcher
         from difflet.runtime.metrics import Metrics
@@ -77,8 +82,18 @@ class DiffletServer:
         # every accepted request holds a handler thread while it waits; beyond that, gRPC
         # itself refuses with RESOURCE_EXHAUSTED rather than parking calls unseen
         workers = queue_size + replicas + 32
+        # ---- HTTP API, API key, TLS (issue 14)
+        self.api_key, self.tls, self.http = api_key or None, tls, None
+        self.serving_now = False
+        interceptors = []
+        if self.api_key:
+            from difflet.runtime.http.auth import ApiKeyInterceptor
+
+            interceptors.append(ApiKeyInterceptor(
+                self.api_key, on_reject=lambda: self.metrics.rejected("unauthenticated")))
+        # ---- end HTTP API block
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers),
-                                   maximum_concurrent_rpcs=workers)
+                                   maximum_concurrent_rpcs=workers, interceptors=interceptors)
         self._stopped = threading.Event()
 
     def start(self) -> int:
@@ -88,7 +103,12 @@ class DiffletServer:
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server)
         try:
-            bound = self._server.add_insecure_port(f"{self.host}:{self.port}")
+            if self.tls:  # issue 14: TLS on the gRPC port
+                cert, key = (open(path, "rb").read() for path in self.tls)
+                bound = self._server.add_secure_port(f"{self.host}:{self.port}",
+                                                     grpc.ssl_server_credentials([(key, cert)]))
+            else:
+                bound = self._server.add_insecure_port(f"{self.host}:{self.port}")
         except RuntimeError as err:
             raise DiffletError(f"cannot listen on {self.host}:{self.port}: {err}", where="--port") from None
         if bound == 0:
@@ -97,6 +117,20 @@ class DiffletServer:
         self._on_health(False)
         self._server.start()
         return bound
+
+    def start_http(self, port: int, retention_s: float = 3600.0, max_mb: int = 1024) -> int:
+        """Serve the OpenAI-compatible HTTP API on `port` (0 picks one); returns the bound port."""
+        from difflet.runtime.http.app import HttpApi
+
+        self.http = HttpApi(self.info, self.admission, self.dispatcher, self.metrics,
+                            request_timeout=self.request_timeout, serving=lambda: self.serving_now,
+                            api_key=self.api_key, tls=self.tls, content_retention_s=retention_s,
+                            content_max_bytes=max_mb << 20)
+        try:
+            return self.http.start(self.host, port)
+        except OSError as err:
+            raise DiffletError(f"cannot listen on {self.host}:{port}: {err.strerror}",
+                               where="--http-port") from None
 
     def load(self) -> None:
         """Start the model processes; returns once all passed their warm-up (health SERVING)."""
@@ -111,8 +145,11 @@ class DiffletServer:
         self.health.enter_graceful_shutdown()
         self.dispatcher.close(drain_s=grace)
         self._server.stop(grace).wait()
+        if self.http is not None:
+            self.http.stop()
 
     def _on_health(self, serving: bool) -> None:
+        self.serving_now = serving  # HTTP /health reads it
         status = health_pb2.HealthCheckResponse.SERVING if serving else \
             health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ("", SERVICE_NAME):
@@ -126,6 +163,18 @@ class DiffletServer:
                                        error=r.error) for r in d.replicas],
             queue_size=self.queue_size, queue_depth=d.queue_depth(), recoveries=d.recoveries,
             request_timeout_s=self.request_timeout or 0.0, grace_s=self.grace)
+
+
+def _check_tls(cert: str, key: str) -> None:
+    """Refuse an unusable certificate/key pair before anything starts (issue 14)."""
+    import ssl
+
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key)
+    except (ssl.SSLError, OSError) as err:
+        raise click.BadParameter(f"{cert} / {key}: not a usable PEM certificate and key "
+                                 f"({getattr(err, 'reason', None) or err})",
+                                 param_hint="--tls-cert/--tls-key") from None
 
 
 def _expectations(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -165,9 +214,25 @@ def _expectations(pairs: tuple[str, ...]) -> dict[str, str]:
               type=click.Choice(["truncate", "strict"]),
               help="over-long prompts: truncate per encoder as the reference pipeline does "
                    "(reported in the reply), or refuse them (INVALID_ARGUMENT)")
+# ---- HTTP API, API key, TLS (issue 14)
+@click.option("--http-port", default=None, type=click.IntRange(0, 65535),
+              help="serve the OpenAI-compatible HTTP API and playground on this port (0 picks one)")
+@click.option("--api-key", envvar="DIFFLET_API_KEY", default=None,
+              help="require this key (Bearer on HTTP, authorization metadata on gRPC) [env DIFFLET_API_KEY]")
+@click.option("--tls-cert", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="PEM certificate chain: serve gRPC and HTTP over TLS (with --tls-key)")
+@click.option("--tls-key", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="PEM private key of --tls-cert")
+@click.option("--http-content-retention", default=3600.0, show_default=True,
+              type=click.FloatRange(0, min_open=True),
+              help="seconds finished videos (and image url replies) are kept")
+@click.option("--http-content-mb", default=1024, show_default=True, type=click.IntRange(1),
+              help="disk bound of kept videos and images; the oldest go first")
 def main(art: str, port: int, host: str, queue_size: int, request_timeout: float, grace: float,
          cache: str, metrics_port: int | None, replicas: int, threads: int,
-         expect: tuple[str, ...], no_verify: bool, prompt_policy: str) -> None:
+         expect: tuple[str, ...], no_verify: bool, http_port: int | None, api_key: str | None,
+         tls_cert: str | None, tls_key: str | None, http_content_retention: float,
+         http_content_mb: int, prompt_policy: str) -> None:
     """Serve one compiled profile over gRPC (difflet.v1.Difflet + grpc.health.v1 + reflection)."""
     stop = threading.Event()
     serving = threading.Event()
@@ -182,14 +247,21 @@ def main(art: str, port: int, host: str, queue_size: int, request_timeout: float
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` dumps stacks
     server = None
     try:
+        if (tls_cert is None) != (tls_key is None):
+            raise click.BadParameter("give both --tls-cert and --tls-key", param_hint="--tls-cert")
+        if tls_cert:
+            _check_tls(tls_cert, tls_key)
         server = DiffletServer(art, host, port, queue_size=queue_size,
                                request_timeout=request_timeout or None, grace=grace, cache=cache,
                                replicas=replicas, expect=_expectations(expect), verify=not no_verify,
-                               threads=threads, prompt_policy=prompt_policy)
+                               threads=threads, prompt_policy=prompt_policy, api_key=api_key,
+                               tls=(tls_cert, tls_key) if tls_cert else None)
         bound = server.start()
         click.echo(f"starting on {host}:{bound}")
         if metrics_port is not None:
             click.echo(f"metrics on {host}:{server.metrics.serve(host, metrics_port)}")
+        if http_port is not None:
+            click.echo(f"http on {host}:{server.start_http(http_port, http_content_retention, http_content_mb)}")
         sys.stdout.flush()
         server.load()
     except _Interrupted:

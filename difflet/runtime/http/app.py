@@ -1,0 +1,97 @@
+"""`HttpApi`: the HTTP server of the API process (ThreadingHTTPServer, optional TLS).
+
+Invariants:
+- It holds no queue of its own: requests go through the server's Admission and Dispatcher,
+  so gRPC and HTTP share one FIFO, one capacity bound, the replicas and the metrics.
+- Torch-free: it imports only the stdlib, PIL (for jpeg/webp re-encoding) and Difflet's
+  API-process modules.
+- TLS handshakes run in the connection's thread, so a slow or plain-text client never blocks
+  the accept loop.
+"""
+from __future__ import annotations
+
+import io
+import itertools
+import secrets
+import ssl
+import threading
+from http.server import ThreadingHTTPServer
+
+from difflet.runtime.http.content import ContentStore
+from difflet.runtime.http.routes import Handler
+from difflet.runtime.http.videos import VideoJobs
+
+# written frame rate per video family (the host schedules' constants; the video test checks
+# each served MP4's rate against this card)
+FAMILY_FPS = {"wan": 16.0, "hunyuan_video": 15.0, "ltx2": 24.0}
+GUIDANCE_KIND = {"flux": "embedded", "hunyuan_video": "embedded", "qwen_image": "true_cfg",
+                 "wan": "cfg", "ltx2": "cfg"}
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128
+
+    def handle_error(self, request, client_address) -> None:
+        pass  # a failed handshake or a reset connection concerns that client only
+
+
+class HttpApi:
+    def __init__(self, info, admission, dispatcher, metrics, *, request_timeout: float | None,
+                 serving, api_key: str | None = None, tls: tuple[str, str] | None = None,
+                 content_retention_s: float = 3600.0, content_max_bytes: int = 1 << 30) -> None:
+        self.info, self.admission, self.dispatcher, self.metrics = info, admission, dispatcher, metrics
+        self.request_timeout, self.serving, self.api_key, self.tls = request_timeout, serving, api_key, tls
+        profile = info.profile
+        self.model_id = info.module.name
+        self.family = str(info.module.attrs.get("family", ""))
+        self.frames = int(profile.get("frames", 0))
+        self.fps = FAMILY_FPS.get(self.family, 0.0) if self.frames else 0.0
+        self.content = ContentStore(content_retention_s, content_max_bytes)
+        self.videos = VideoJobs(dispatcher, self.content, content_retention_s)
+        self._ids = itertools.count()
+        self._prefix = secrets.token_hex(4)
+        self._httpd: _Server | None = None
+        self.address = ""
+
+    def start(self, host: str, port: int) -> int:
+        handler = type("BoundHandler", (Handler,), {"api": self})
+        self._httpd = _Server((host, port), handler)
+        if self.tls:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*self.tls)
+            self._httpd.socket = ctx.wrap_socket(self._httpd.socket, server_side=True,
+                                                 do_handshake_on_connect=False)
+        bound = self._httpd.server_address[1]
+        self.address = f"{host}:{bound}"
+        threading.Thread(target=self._httpd.serve_forever, name="http", daemon=True).start()
+        return bound
+
+    def stop(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+        self.content.close()
+
+    def new_id(self, kind: str) -> str:
+        return f"{kind}-{self._prefix}-{next(self._ids)}"
+
+    def model_card(self) -> dict:
+        p = self.info.profile
+        return {"id": self.model_id, "object": "model", "created": 0, "owned_by": "difflet",
+                "family": self.family, "sizes": [f"{int(p['width'])}x{int(p['height'])}"],
+                "kind": "video" if self.frames else "image", "frames": self.frames, "fps": self.fps,
+                "default_steps": int(p["steps"]), "default_guidance": float(p["guidance"]),
+                "guidance_kind": GUIDANCE_KIND.get(self.family, ""),
+                "prompt_tokens": self.admission.token_limit}
+
+    @staticmethod
+    def encode_image(png: bytes, fmt: str) -> tuple[bytes, str]:
+        """The PNG as served (byte-identical to gRPC's) or re-encoded as jpeg/webp."""
+        if fmt == "png":
+            return png, "png"
+        from PIL import Image
+
+        out = io.BytesIO()
+        Image.open(io.BytesIO(png)).convert("RGB").save(out, format=fmt.upper())
+        return out.getvalue(), fmt
