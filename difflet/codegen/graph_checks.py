@@ -50,11 +50,13 @@ def _source(node: torch.fx.Node) -> str:
     """file:line of the innermost Python frame that made this graph node."""
     trace = (node.meta.get("stack_trace") or "").strip().splitlines()
     frames = [line.strip() for line in trace if line.strip().startswith("File ")]
-    if not frames:
+    # torch's own and generated frames (<eval_with_key>) say nothing about which model code made the op
+    useful = [f for f in frames if '"<' not in f and "site-packages/torch/" not in f]
+    if not useful:
         return ""
-    parts = frames[-1].split('"')
-    path = parts[1] if len(parts) > 2 else frames[-1]
-    line = frames[-1].rsplit("line ", 1)[-1].split(",")[0]
+    parts = useful[-1].split('"')
+    path = parts[1] if len(parts) > 2 else useful[-1]
+    line = useful[-1].rsplit("line ", 1)[-1].split(",")[0]
     return f"{_short(path)}:{line}"
 
 
