@@ -72,7 +72,15 @@ class FluxProbe(torch.nn.Module):
         dtype = self.x_embedder.weight.dtype
         self.register_buffer("prev_feature", torch.zeros(feature_shape, dtype=dtype))
 
+    STATE, OUTPUTS = ("prev_feature",), 1  # compute() returns (score, new prev_feature)
+
     def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor]:
+        score, feature = self.compute(*args)
+        self.prev_feature.copy_(feature)  # in place: export records a buffer mutation
+        return (score,)
+
+    def compute(self, *args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(score, new feature) without touching the state (neuron aliases the state as an output)."""
         named = dict(zip(self.inputs, args, strict=True))
         hidden = self.x_embedder(named["hidden_states"])
         # the same scaling as FluxTransformer2DModel.forward
@@ -85,8 +93,7 @@ class FluxProbe(torch.nn.Module):
         feature = self.norm1(hidden, emb=temb)[0]
         prev = self.prev_feature.float()
         score = (feature.float() - prev).abs().mean() / prev.abs().mean().clamp_min(1e-30)
-        self.prev_feature.copy_(feature)  # in place: export records a buffer mutation
-        return (score,)
+        return score, feature
 
 
 def build_probe_module(node: Node, ckpt_dir) -> torch.nn.Module:
@@ -133,9 +140,6 @@ def codegen_probe(module: Module, ckpt: Path, store, backend: str, out: Path, re
     node = probe_node(module)
     if node is None:
         return None
-    if backend != "inductor":
-        raise DiffletError(f"the probe program is built for the inductor backend only, not {backend!r}",
-                           where="--backend")
     start = time.perf_counter()
     entry = emit_program(program_view(node), build_probe_module(node, ckpt), node.name, store, backend,
                          out, result, log, start)
