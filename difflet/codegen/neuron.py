@@ -18,8 +18,9 @@ Invariants:
 - Persistent state (the step-caching probe's previous feature) is an aliased output:
   `input_output_aliases={buffer: output_index}` with the new value returned out of place
   (neuron_state.py), never an in-place `copy_`.
-- Tensor-parallel components are refused with a clear error until the NxD path runs (see the
-  report of issue 16); use `--parallel tp1` for neuron.
+- Tensor-parallel components: neuron_spmd.py builds one SPMD program for all ranks through NxD
+  ModelBuilder with presharded rank weights, but codegen's driver still sends split components to
+  its inductor-only path, so `--backend neuron` refuses tp > 1 with a clear error for now.
 """
 from __future__ import annotations
 
