@@ -12,9 +12,9 @@ ops into every traced denoiser graph (`difflet check --target trn2` names them).
 - LTX-2 (`LTX2AudioVideoRotaryPosEmbed`, `LTX2RotaryPosEmbed1d`): the only float64 value is the
   frequency grid `theta ** linspace(0, 1, n)`, a constant. It is computed on the host in float64
   and kept as float32 buffers (one per grid length the module can ask for); the module runs with
-  diffusers' `double_precision=False` and its `torch.pow(theta, grid)` call returns that buffer
-  (a TorchFunctionMode scoped to the module's forward), so the angles equal diffusers' float64
-  path to one float32 rounding, instead of the ~4 ulp a float32 `pow` would add.
+  diffusers' `double_precision=False` and a TorchFunctionMode scoped to its forward hands it the
+  host values (`_HostPow`), so its tables are bit-identical to diffusers' float64 path (a float32
+  `pow` would be ~4 ulp off, enough to flip uint8 pixels of the decoded video).
 - Qwen-Image (precomputed complex64 buffers, codegen/family/qwen_image.py), Wan (float32 buffers
   built at construction) and HunyuanVideo (float32 `get_1d_rotary_pos_embed`) export without f64.
 
@@ -22,6 +22,8 @@ Invariant: `install_fp32_rope(model)` only replaces how a table is computed, nev
 tests/test_neuron_rope.py compares each replaced module with diffusers' float64 result.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -54,28 +56,38 @@ def _replace_flux(module: torch.nn.Module) -> None:
 
 
 class _HostPow(TorchFunctionMode):
-    """Inside one RoPE forward: `torch.pow(theta, grid)` -> the host-computed table of grid's length."""
+    """Inside one LTX-2 RoPE forward, diffusers computes `freqs = (theta ** grid * pi / 2.0)` in
+    float64; here `torch.pow(theta, grid)` returns a float32 stand-in and the following `* pi`
+    returns the host's float64 result times two (exact in float32), so after diffusers' own
+    `/ 2.0` the frequencies are bit-identical to diffusers' float64 path."""
 
     def __init__(self, module: torch.nn.Module) -> None:
         super().__init__()
-        self.module = module
+        self.module, self.pending = module, None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         m = self.module
         if func is torch.pow and len(args) == 2 and isinstance(args[0], (int, float)) and args[0] == m.theta \
                 and isinstance(args[1], torch.Tensor) and args[1].dim() == 1:
-            table = getattr(m, f"difflet_pow{args[1].shape[0]}", None)
-            if table is not None:
-                return table.to(args[1].device)
+            n = args[1].shape[0]
+            if hasattr(m, f"difflet_freqs2_{n}"):
+                self.pending = (getattr(m, f"difflet_pow{n}").to(args[1].device), n)
+                return self.pending[0]
+        if func in (torch.Tensor.__mul__, torch.Tensor.mul, torch.mul) and self.pending is not None \
+                and len(args) == 2 and args[0] is self.pending[0] and args[1] == math.pi:
+            n, self.pending = self.pending[1], None
+            return getattr(m, f"difflet_freqs2_{n}").to(args[0].device)
         return func(*args, **(kwargs or {}))
 
 
 def _replace_ltx2(module: torch.nn.Module) -> None:
     for elems in (2, 6):  # 1-D (audio, cross-attention, connectors) and 3-D (video) position grids
         n = module.dim // elems
-        grid = torch.linspace(0.0, 1.0, n, dtype=torch.float64)
-        module.register_buffer(f"difflet_pow{n}", (float(module.theta) ** grid).to(torch.float32),
-                               persistent=False)
+        powers = float(module.theta) ** torch.linspace(0.0, 1.0, n, dtype=torch.float64)
+        module.register_buffer(f"difflet_pow{n}", powers.to(torch.float32), persistent=False)
+        # diffusers' float64 frequencies, doubled (exact) so its own `/ 2.0` gives them back
+        freqs = (powers * math.pi / 2.0).to(torch.float32)
+        module.register_buffer(f"difflet_freqs2_{n}", freqs * 2, persistent=False)
     module.double_precision = False
     original = module.forward
 
