@@ -121,9 +121,12 @@ def meta_program(comp: Node, family: str | None):
     from difflet.codegen.build import example_inputs, wrap_program_module
     from difflet.codegen.checkpoint import _build_random
 
-    with torch.device("meta"):
+    from accelerate import init_empty_weights
+
+    # parameters on meta; buffers real, since wrappers may precompute tables from them (Qwen RoPE)
+    with init_empty_weights(include_buffers=False):
         model = _build_random(comp, 0, family).to(getattr(torch, comp.attrs.get("dtype", "float32")))
-    pm = wrap_program_module(model.eval(), comp)
+    pm = wrap_program_module(model.eval(), comp).to("meta")
     return pm, tuple(t.to("meta") for t in example_inputs(comp))
 
 
