@@ -21,6 +21,7 @@ no memory), so the same checks cover descriptions whose weights would not fit he
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,7 +145,9 @@ def check_module(module: Module, target: dict, ckpt: str | os.PathLike | None = 
             pm, inputs = build_program_module(comp, Path(ckpt)), example_inputs(comp)
         else:
             pm, inputs = meta_program(comp, module.attrs.get("family"))
-        ep = export_program(comp, pm, inputs)
+        # on meta, tensors a wrapper creates without a device (masks from arange) must be meta too
+        with contextlib.nullcontext() if ckpt is not None else torch.device("meta"):
+            ep = export_program(comp, pm, inputs)
         result[comp.name] = check_head_dims(comp, target) + check_exported(comp, ep)
         del pm, ep
     return result
