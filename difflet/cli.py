@@ -31,7 +31,8 @@ def _register() -> None:
     import importlib
 
     for module in ("difflet.ir.commands", "difflet.frontend.commands", "difflet.passes.commands",
-                   "difflet.codegen.commands", "difflet.runtime.commands",
+                   "difflet.codegen.commands", "difflet.codegen.check_command",
+                   "difflet.runtime.commands",
                    "difflet.stepcache.commands"):
         try:
             mod = importlib.import_module(module)

@@ -15,6 +15,7 @@ import torch
 
 from difflet.codegen.attention import install_attention
 from difflet.codegen.checkpoint import load_component
+from difflet.codegen.rope import install_fp32_rope
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op, RuntimeType, Value
 
@@ -59,15 +60,20 @@ def _select(result, sel):
 
 def build_program_module(node: Node, ckpt_dir: str | os.PathLike) -> ProgramModule:
     """Load the component from the checkpoint, install Difflet attention (denoisers), wrap it."""
+    return wrap_program_module(load_component(node, ckpt_dir), node)
+
+
+def wrap_program_module(model: torch.nn.Module, node: Node) -> torch.nn.Module:
+    """Install Difflet attention on a loaded (or meta-device) component model and wrap it."""
     from difflet.codegen.family import class_registry
 
-    model = load_component(node, ckpt_dir)
     wrap = class_registry("PROGRAM_WRAPPERS").get(node.attrs["class"])
     runtime_inputs = [v.name for v in program_inputs(node) if isinstance(v.type, RuntimeType)]
     if runtime_inputs and not node.find(Op.ATTENTION) and wrap is None:
         raise DiffletError(f"component {node.name!r} takes runtime inputs {runtime_inputs} but has no "
                            "attention sites or program wrapper to route them to", where=node.loc)
     install_attention(model, node)
+    install_fp32_rope(model)  # Neuron has no FP64: RoPE tables without float64 ops
     return (wrap(model, node) if wrap is not None else ProgramModule(model, node)).eval()
 
 

@@ -202,9 +202,6 @@ def emit_program(module: Module, name: str, ckpt: Path, store, backend: str, out
     if node.op == Op.PROBE:
         from difflet.codegen.probe import build_probe_module
 
-        if backend != "inductor":
-            raise DiffletError(f"the probe program is built for the inductor backend only, not {backend!r}",
-                               where="--backend")
         pm = build_probe_module(node, ckpt)
     else:
         from difflet.codegen.build import build_program_module

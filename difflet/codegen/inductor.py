@@ -33,13 +33,18 @@ def module_tensors(pm: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach() for k, v in named.items()}
 
 
+def export_program(node: Node, pm: torch.nn.Module, inputs: tuple | None = None) -> torch.export.ExportedProgram:
+    """The exported graph codegen compiles (also what `difflet check` inspects)."""
+    with torch.no_grad():
+        return torch.export.export(pm, example_inputs(node) if inputs is None else inputs, strict=False)
+
+
 def compile_entry(node: Node, pm: ProgramModule, dest: Path) -> None:
     """Export and AOT-compile `pm` into the store entry directory `dest` (see module invariants)."""
     from safetensors.torch import save_file
     from torch._inductor.package import load_package
 
-    with torch.no_grad():
-        ep = torch.export.export(pm, example_inputs(node), strict=False)
+    ep = export_program(node, pm)
     torch._inductor.aoti_compile_and_package(ep, package_path=str(dest / PROGRAM_FILE),
                                              inductor_configs=INDUCTOR_CONFIGS)
     fqns = list(load_package(str(dest / PROGRAM_FILE)).get_constant_fqns())

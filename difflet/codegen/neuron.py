@@ -1,22 +1,41 @@
-"""The `neuron` backend (Trainium2): torch-neuronx / neuronx-distributed, imported lazily.
+"""The `neuron` backend (Trainium2): torch-neuronx, imported lazily. Targets Neuron SDK 2.29.
 
-Written against the documented Neuron SDK APIs and untested here: this machine has no Neuron SDK
-(PyPI carries only placeholder wheels for it), so `require_sdk()` raises BackendUnavailable with
-what to install and where. Nothing is ever faked: without the SDK no program is produced.
+Written against the documented APIs (awsdocs-neuron v2.29.1: "PyTorch NeuronX Tracing API for
+Inference" = torch_neuronx.trace, "Weight Replacement API" = torch_neuronx.replace_weights) and
+untested here: this machine has no Neuron SDK (PyPI carries only placeholder wheels), so
+`require_sdk()` raises BackendUnavailable with what to install. Nothing is faked: without the
+SDK no program is produced. What is checked on CPU: tests/test_neuron_backend.py (flags, weights
+split, aliased probe state) and `difflet check --target trn2` (graph rules).
 
-Plan (per docs): single-core components via `torch_neuronx.trace(module, example_inputs)` saved
-with `torch.jit.save`; tensor-parallel components via `neuronx_distributed.trace.model_builder.
-ModelBuilder` with weights presharded per rank; attention via the NKI kernel of difflet/kernels/README.md.
+Invariants:
+- Weights are never inlined: `trace(..., inline_weights_to_neff=False)`, and the stored program's
+  weights are zeroed with `replace_weights` before saving, so a store entry holds no checkpoint's
+  values and its identity stays its cache key (which excludes weights). The runner loads the ART's
+  `weights/<name>.rank0.safetensors` (the module's state dict) with `replace_weights`.
+- Compiler flags come from the target table (passes/neuron_flags.py) and are part of the key.
+- neuronx-cc's work directory is inside the entry being produced (removed after a successful
+  compile) and NEURON_COMPILE_CACHE_URL points under Difflet's store, unless the user set it.
+- Persistent state (the step-caching probe's previous feature) is an aliased output:
+  `input_output_aliases={buffer: output_index}` with the new value returned out of place
+  (neuron_state.py), never an in-place `copy_`.
+- Tensor-parallel components: neuron_spmd.py builds one SPMD program for all ranks through NxD
+  ModelBuilder with presharded rank weights, but codegen's driver still sends split components to
+  its inductor-only path, so `--backend neuron` refuses tp > 1 with a clear error for now.
 """
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import shutil
 from pathlib import Path
 
 from difflet.errors import BackendUnavailable
 
 PROGRAM_FILE = "program.pt"
-INSTALL_HINT = ("install the AWS Neuron SDK on a Trainium (trn2) host: "
+META_FILE = "neuron.json"
+SDK_RELEASE = "2.29"
+INSTALL_HINT = ("install the AWS Neuron SDK (release 2.29) on a Trainium (trn2) host: "
                 "`pip install torch-neuronx neuronx-cc neuronx-distributed "
                 "--extra-index-url https://pip.repos.neuron.amazonaws.com` "
                 "(see https://awsdocs-neuron.readthedocs-hosted.com/ for the setup guide)")
@@ -30,33 +49,75 @@ def require_sdk() -> None:
                                  + INSTALL_HINT, where="--backend")
 
 
+def compiler_args(target: str = "trn2") -> list[str]:
+    from difflet.passes.neuron_flags import compiler_args as args
+    from difflet.passes.targets import load_target
+
+    return args(load_target(target))
+
+
+def compile_cache_dir(dest: Path) -> Path:
+    """<store>/neuron-compile-cache for an entry produced at <store>/neuron/<xx>/.<key>.tmp/entry."""
+    parents = dest.resolve().parents
+    root = parents[3] if len(parents) > 3 and parents[2].name == "neuron" else dest.parent
+    return root / "neuron-compile-cache"
+
+
+def program_weights(pm, entry: Path) -> dict:
+    """The program's weights: `pm`'s state dict (what replace_weights takes), tied names cloned."""
+    out, seen = {}, set()
+    for k, t in pm.state_dict().items():
+        t = t.detach()
+        ptr = t.untyped_storage().data_ptr() if t.numel() else -1
+        out[k] = t.contiguous().clone() if ptr in seen else t.contiguous()  # safetensors refuses shared storage
+        seen.add(ptr)
+    return out
+
+
 def compile_entry(node, pm, dest: Path) -> None:
-    """Trace `pm` for one NeuronCore (tp1). TP layouts go through ModelBuilder (not written yet)."""
+    """Trace `pm` for one NeuronCore group (tp1) into `dest` (see module invariants)."""
     import torch
     import torch_neuronx
 
     from difflet.codegen.build import example_inputs
+    from difflet.codegen.neuron_state import aliased_program
+    from difflet.errors import DiffletError
+    from difflet.ir.nodes import Op
 
-    layout = node.find("layout")
+    layout = node.find(Op.LAYOUT)
     if layout and any(n.op == "split" for n in layout[0].body):
-        raise BackendUnavailable("backend 'neuron': tensor-parallel layouts (ModelBuilder) are not "
-                                 "implemented yet; use --parallel tp1", where=node.loc)
-    traced = torch_neuronx.trace(pm, example_inputs(node))
-    torch.jit.save(traced, str(dest / PROGRAM_FILE))
-
-
-def program_weights(pm, entry: Path) -> dict:
-    """torch_neuronx.trace embeds the weights in the program, so there is no separate weight file."""
-    return {}
+        raise BackendUnavailable("backend 'neuron': tensor-parallel layouts (NxD ModelBuilder) are not "
+                                 "built yet; use --parallel tp1", where=node.loc)
+    os.environ.setdefault("NEURON_COMPILE_CACHE_URL", str(compile_cache_dir(dest)))
+    program, aliases, dropped = aliased_program(pm)
+    workdir = dest / "neuronx-cc"
+    try:
+        traced = torch_neuronx.trace(program, example_inputs(node), compiler_workdir=str(workdir),
+                                     compiler_args=compiler_args(), inline_weights_to_neff=False,
+                                     input_output_aliases=aliases)
+    except Exception as err:  # neuronx-cc reports failures as generic exceptions
+        raise DiffletError(f"neuronx-cc failed for {node.name!r}: {err} (logs in {workdir})", where=node.loc) from None
+    torch_neuronx.replace_weights(traced, {k: torch.zeros_like(v) for k, v in pm.state_dict().items()})
+    meta = json.dumps({"sdk_release": SDK_RELEASE, "compiler_args": compiler_args(), "dropped_outputs": dropped})
+    # inside the program file, so the ART's hard link carries it
+    torch.jit.save(traced, str(dest / PROGRAM_FILE), _extra_files={META_FILE: meta})
+    shutil.rmtree(workdir, ignore_errors=True)
 
 
 class CompiledRunner:
+    """A saved neuron program with the ART's weights swapped in: `runner(*tensors) -> tuple`."""
+
     def __init__(self, program_path: Path, weights_path: Path) -> None:
         import torch
-        import torch_neuronx  # noqa: F401  (registers the Neuron runtime ops)
+        import torch_neuronx
+        from safetensors.torch import load_file
 
-        self._model = torch.jit.load(str(program_path))
+        extra = {META_FILE: ""}
+        self._model = torch.jit.load(str(program_path), _extra_files=extra)
+        torch_neuronx.replace_weights(self._model, load_file(str(weights_path)))
+        self._dropped = set(json.loads(extra[META_FILE] or "{}").get("dropped_outputs", ()))
 
     def __call__(self, *tensors):
         out = self._model(*tensors)
-        return tuple(out) if isinstance(out, (list, tuple)) else (out,)
+        out = tuple(out) if isinstance(out, (list, tuple)) else (out,)
+        return tuple(t for i, t in enumerate(out) if i not in self._dropped)  # aliased state stays on device

@@ -71,7 +71,15 @@ class FluxProbe(torch.nn.Module):
         dtype = self.x_embedder.weight.dtype
         self.register_buffer("prev_feature", torch.zeros(feature_shape, dtype=dtype))
 
+    STATE, OUTPUTS = ("prev_feature",), 1  # compute() returns (score, new prev_feature)
+
     def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor]:
+        score, feature = self.compute(*args)
+        self.prev_feature.copy_(feature)  # in place: export records a buffer mutation
+        return (score,)
+
+    def compute(self, *args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(score, new feature) without touching the state (neuron aliases the state as an output)."""
         named = dict(zip(self.inputs, args, strict=True))
         hidden = self.x_embedder(named["hidden_states"])
         # the same scaling as FluxTransformer2DModel.forward
@@ -84,8 +92,7 @@ class FluxProbe(torch.nn.Module):
         feature = self.norm1(hidden, emb=temb)[0]
         prev = self.prev_feature.float()
         score = (feature.float() - prev).abs().mean() / prev.abs().mean().clamp_min(1e-30)
-        self.prev_feature.copy_(feature)  # in place: export records a buffer mutation
-        return (score,)
+        return score, feature
 
 
 def build_probe_module(node: Node, ckpt_dir) -> torch.nn.Module:

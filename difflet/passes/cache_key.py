@@ -11,6 +11,8 @@ never reuses a stale program; whether a probe is carried.
 A world-1 program is the same program wherever and however often it is placed, so a TP1
 encoder keys (and compiles) the same in a tp1 and a tp2cp2 plan; a split layout keeps its
 placement, which its rank programs' collectives depend on.
+For the neuron backend, a separate part "neuron_compiler_args": the target table's neuronx-cc
+flags (passes/neuron_flags.py), since flags change the emitted program.
 Never inputs: runtime settings (cache mode, threshold, cadence, steps, guidance, seed),
 weights (or params counts and subfolders, which name them), tokenizers (host side) and
 source locations. So changing a runtime setting recompiles nothing.
@@ -28,6 +30,7 @@ import msgspec
 
 from difflet.ir.nodes import Attrs, Module, Node, Op, RuntimeType, TensorType
 from difflet.passes import model_facts as F
+from difflet.passes import neuron_flags
 
 KEY_ATTRS = ("role", "class", "config", "entry", "dtype", "probe", "mode", "source", "modules",
              "stops_before", "score", "fused_into")
@@ -135,7 +138,8 @@ def assign_cache_keys(m: Module, backend: str, compiler: str, difflet: str | Non
     body = []
     for n in m.body:
         if n.op in (Op.COMPONENT, Op.PROBE):
-            key = digest(key_inputs(n, backend, compiler, difflet, probe_presence(m, n)))
+            key = digest({**key_inputs(n, backend, compiler, difflet, probe_presence(m, n)),
+                          **neuron_flags.key_part(backend, m.attrs.get("target"))})
             n = msgspec.structs.replace(n, attrs=n.attrs.set(cache_key=key))
         body.append(n)
     attrs = m.attrs.set(backend=backend, compiler=compiler, difflet_version=difflet)
@@ -148,5 +152,6 @@ def explain(m: Module) -> str:
     for comp in F.compiled(m):
         inputs = key_inputs(comp, m.attrs["backend"], m.attrs["compiler"], m.attrs["difflet_version"],
                             probe_presence(m, comp))
+        inputs.update(neuron_flags.key_part(m.attrs["backend"], m.attrs.get("target")))
         out[comp.name] = {"cache_key": digest(inputs), "inputs": inputs}
     return json.dumps(out, indent=1)

@@ -9,6 +9,8 @@ target is adding a JSON file. Fields:
 - fused_attention: the masked fused-kernel contract (equal Q/K lengths per masked call,
   contiguous valid keys, Ring built from separate calls when its kernel needs equal lengths);
 - materializes_scores: whether attention scores [heads, q, k] are written to memory.
+- neuron_compiler (optional; neuron targets): neuronx-cc flags as data (target, lnc, model_type,
+  optimization_level, auto_cast, extra); difflet/passes/neuron_flags.py turns them into arguments.
 """
 from __future__ import annotations
 

@@ -1,0 +1,134 @@
+"""Split (tensor-parallel) components on Neuron: ONE SPMD program for all ranks via NxD ModelBuilder.
+
+Written against neuronx-distributed of Neuron SDK 2.29 (docs libraries/neuronx-distributed/
+model_builder_v2_api_reference.rst: `NxDParallelState`, `ModelBuilder(model).trace(args=, tag=)
+.compile(compiler_args=, compiler_workdir=)`, `set_weights([per-rank state dicts])`, `to_neuron()`,
+`save(path)`; layers `ColumnParallelLinear(in, out, bias, gather_output)`,
+`RowParallelLinear(in, out, bias, input_is_parallel=True)` and `SPMDRank` from
+`neuronx_distributed.parallel_layers`). Untested here: no Neuron SDK on this host.
+
+Invariants:
+- One traced program serves every rank: the rank is the weight `spmd_rank.rank` (int32 [1], NxD's
+  SPMDRank), never a Python int in the graph; collectives live inside NxD's parallel layers.
+- Difflet preshards the weights itself (`preshard`), with the same Megatron layouts as the
+  inductor path (difflet/parallel/layers.py: column rows, row columns per input segment, whole
+  row bias): rank r's dict has exactly the SPMD module's state-dict keys, shapes and dtypes and is
+  written as weights/<name>.rank<r>.safetensors; `unshard` inverts it (tests check both on CPU).
+- Only tp layouts are built (no sp, no cp): their attention is rank-local ("local" mode).
+"""
+from __future__ import annotations
+
+import fnmatch
+from typing import Callable
+
+import torch
+
+from difflet.errors import DiffletError
+from difflet.ir.nodes import Node, Op
+
+RANK_KEY = "spmd_rank.rank"
+PREFIX = "model."  # ProgramModule holds the component model under `model`
+
+
+def linear_specs(node: Node, model: torch.nn.Module) -> dict[str, tuple[str, tuple[int, ...] | None]]:
+    """Module path -> (style, row input segments) for every Linear the layout splits; style is
+    column, column_gather (modulation all-gathered after) or row."""
+    layout = node.find(Op.LAYOUT)[0]
+    la = layout.attrs
+    if la.get("sp") or int(la.get("cp", 1)) > 1:
+        raise DiffletError(f"component {node.name!r}: the neuron SPMD path builds tp layouts only "
+                           "(no sp, no cp) so far", where=layout.loc)
+    gathered = {c.attrs["site"] for c in layout.find(Op.COLLECTIVE)
+                if c.attrs.get("kind") == "all_gather" and c.attrs.get("tensor") == "modulation"}
+    specs = {}
+    for split in (n for n in layout.body if n.op == Op.SPLIT):
+        style = "column_gather" if split.attrs["style"] == "column" and split.name in gathered else split.attrs["style"]
+        for name, mod in model.named_modules():
+            if fnmatch.fnmatchcase(name, split.name) and isinstance(mod, torch.nn.Linear):
+                specs[name] = (style, split.attrs.get("segments"))
+    return specs
+
+
+def _shard(t: torch.Tensor, style: str, segments, rank: int, tp: int, is_bias: bool) -> torch.Tensor:
+    from difflet.parallel.layers import _row_shard, shard
+
+    if style == "row":
+        return t.clone() if is_bias else _row_shard(t, tuple(segments or (t.shape[1],)), rank, tp)
+    return shard(t, 0, rank, tp).clone()
+
+
+def preshard(state: dict[str, torch.Tensor], specs: dict, tp: int) -> list[dict[str, torch.Tensor]]:
+    """The full program state dict -> one dict per rank (module docstring), with `spmd_rank.rank`."""
+    owner = {f"{PREFIX}{path}.{leaf}": (path, leaf) for path in specs for leaf in ("weight", "bias")}
+    ranks = []
+    for r in range(tp):
+        out = {}
+        for key, t in state.items():
+            if key in owner:
+                style, segments = specs[owner[key][0]]
+                out[key] = _shard(t, style, segments, r, tp, owner[key][1] == "bias").contiguous()
+            else:
+                out[key] = t.contiguous().clone()
+        out[RANK_KEY] = torch.tensor([r], dtype=torch.int32)
+        ranks.append(out)
+    return ranks
+
+
+def unshard(ranks: list[dict[str, torch.Tensor]], specs: dict) -> dict[str, torch.Tensor]:
+    """Inverse of `preshard` (without the rank key): the full state dict back from the rank dicts."""
+    owner = {f"{PREFIX}{path}.{leaf}": (path, leaf) for path in specs for leaf in ("weight", "bias")}
+    full = {}
+    for key, t in ranks[0].items():
+        if key == RANK_KEY:
+            continue
+        parts = [rk[key] for rk in ranks]
+        if key not in owner:
+            full[key] = t
+            continue
+        style, segments = specs[owner[key][0]]
+        if style != "row":
+            full[key] = torch.cat(parts, dim=0)
+        elif owner[key][1] == "bias":
+            full[key] = t
+        else:
+            segs = [s // len(ranks) for s in (segments or (t.shape[1] * len(ranks),))]
+            pieces = [p.split(segs, dim=1) for p in parts]  # per rank: its chunk of each segment
+            full[key] = torch.cat([torch.cat([pr[i] for pr in pieces], dim=1) for i in range(len(segs))], dim=1)
+    return full
+
+
+def shard_modules(model: torch.nn.Module, specs: dict, make: Callable[[torch.nn.Linear, str], torch.nn.Module]) -> None:
+    """Replace each split Linear of `model` by `make(linear, style)` (NxD layers on a trn2 host)."""
+    for path, (style, _) in specs.items():
+        parent, _, leaf = path.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, leaf, make(model.get_submodule(path), style))
+
+
+def nxd_layer(lin: torch.nn.Linear, style: str) -> torch.nn.Module:
+    """The NxD parallel layer for one split Linear (under NxDParallelState; weights come later)."""
+    from neuronx_distributed.parallel_layers import ColumnParallelLinear, RowParallelLinear
+
+    bias, dtype = lin.bias is not None, lin.weight.dtype
+    if style == "row":
+        return RowParallelLinear(lin.in_features, lin.out_features, bias=bias, input_is_parallel=True, dtype=dtype)
+    return ColumnParallelLinear(lin.in_features, lin.out_features, bias=bias,
+                                gather_output=style == "column_gather", dtype=dtype)
+
+
+def compile_spmd(node: Node, pm: torch.nn.Module, specs: dict, tp: int, dest, compiler_args: list[str]):
+    """Trace `pm` (the unsplit program module) once as an SPMD program of `tp` ranks into `dest`,
+    load rank weights and save it (NxD's own format, one directory)."""
+    from neuronx_distributed import ModelBuilder, NxDParallelState
+    from neuronx_distributed.parallel_layers.layers import SPMDRank
+
+    from difflet.codegen.build import example_inputs
+
+    state = pm.state_dict()
+    with NxDParallelState(world_size=tp, tensor_model_parallel_size=tp):
+        shard_modules(pm.model, specs, nxd_layer)
+        pm.spmd_rank = SPMDRank(world_size=tp)
+        nxd = ModelBuilder(pm).trace(args=example_inputs(node), tag=node.name).compile(
+            compiler_args=" ".join(compiler_args), compiler_workdir=str(dest / "neuronx-cc"))
+    nxd.set_weights(preshard(state, specs, tp))
+    nxd.save(str(dest / "program.nxd"))
+    return nxd
