@@ -24,6 +24,7 @@ from collections import deque
 from typing import Any, Callable
 
 from difflet.runtime.jobs import Job
+from difflet.runtime.messages import run_fields
 from difflet.runtime.replica import Replica
 
 
@@ -81,6 +82,9 @@ class Dispatcher:
 
     # ---- admission and answers (any thread)
     def submit(self, fields: dict[str, Any], deadline: float | None) -> Job:
+        """Accept admission's `fields` (converted to `messages.RunFields`: an unknown or
+        mistyped field raises msgspec.ValidationError here, before anything is queued)."""
+        fields = run_fields(fields)
         with self._lock:
             if self._closed:
                 raise Rejected("unavailable", "the server is shutting down")
@@ -89,8 +93,8 @@ class Dispatcher:
                                + "; ".join(r.error for r in self.replicas) + ")")
             if not self._ever_ready:
                 raise Rejected("unavailable", "the model is still loading")
-            if fields["request_id"] in self._active:
-                raise Rejected("duplicate_id", f"request_id: {fields['request_id']!r} is already in flight")
+            if fields.request_id in self._active:
+                raise Rejected("duplicate_id", f"request_id: {fields.request_id!r} is already in flight")
             capacity = self.queue_size + len(self.replicas)
             if len(self._active) >= capacity:
                 raise Rejected("queue_full", f"the queue is full ({self.queue_size} waiting + "

@@ -48,20 +48,14 @@ class DiffletServer:
         from difflet.runtime.admission import Admission, check_cache_mode
         from difflet.runtime.dispatcher import Dispatcher
         from difflet.runtime.metrics import Metrics
-        from difflet.runtime.runner import ModelRunner
         from difflet.runtime.startup import check_artifacts
-
-        import inspect
 
         self.host, self.port = host, port
         self.cache = check_cache_mode(cache, field="--cache")
         self.grace, self.request_timeout, self.queue_size = grace, request_timeout, queue_size
         expect = dict(expect or {})
         self.info = check_artifacts(art, expect)
-        cache_ok = "cache" in inspect.signature(ModelRunner.from_artifacts).parameters
-        if self.cache != "off" and not cache_ok:
-            raise DiffletError(f"{self.cache!r}: this build's runner has no step caching", where="--cache")
-        self.admission = Admission(self.info, self.cache, cache_available=cache_ok)
+        self.admission = Admission(self.info, self.cache)
         self.metrics = Metrics()
         self.health = health.HealthServicer()
         threads = threads or max(1, (os.cpu_count() or 1) // replicas)
