@@ -37,6 +37,21 @@ import msgspec
 from difflet.runtime import messages as msg
 
 COMPILE_ENTRY_POINTS = (("torch._inductor", "aoti_compile_and_package"), ("torch", "compile"))
+# what every model process imports before it serves (measured with `python -X importtime`:
+# torch, the AOTI package loader, and what the warm-up pulls in lazily: transformers'
+# AutoTokenizer, diffusers' torch_utils/image_processor, scipy.stats via the flow-match
+# scheduler, PIL's PNG writer); the forkserver imports them once, so a (re)start skips them
+PRELOAD = ("torch", "torch._inductor.package", "safetensors.torch", "difflet.runtime.runner",
+           "difflet.codegen.artifacts", "difflet.codegen.inductor", "difflet.runtime.model_process",
+           "transformers.models.auto.tokenization_auto", "diffusers.utils.torch_utils",
+           "diffusers.image_processor", "scipy.stats", "PIL.PngImagePlugin")
+
+
+def preload_modules(family: str) -> list[str]:
+    """Modules the forkserver imports for a model process of `family` (its host steps too)."""
+    from difflet.runtime.host import FAMILY_MODULES
+
+    return [*PRELOAD, *([FAMILY_MODULES[family]] if family in FAMILY_MODULES else [])]
 
 
 def _count_compiles() -> list[int]:

@@ -37,9 +37,20 @@ import msgspec
 from difflet.runtime import messages as msg
 from difflet.runtime.jobs import Job
 
-_CTX = multiprocessing.get_context("spawn")
+# model processes fork from a forkserver that imported torch and the host steps once
+# (`prestart`), so a (re)start skips those imports; the API process itself never imports them
+_CTX = multiprocessing.get_context("forkserver")
 START_TIMEOUT_S = 1800.0
 _LIVE: set = set()  # started model processes not yet confirmed dead (see _kill_leftovers)
+
+
+def prestart(preload: list[str]) -> None:
+    """Start the forkserver now, importing `preload` (torch, the runner, host steps) there while
+    the API process goes on with its own startup; model processes then fork from it."""
+    _CTX.set_forkserver_preload(list(preload))
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()
 
 
 @atexit.register

@@ -48,6 +48,7 @@ class DiffletServer:
         from difflet.runtime.admission import Admission, check_cache_mode
         from difflet.runtime.dispatcher import Dispatcher
         from difflet.runtime.metrics import Metrics
+        from difflet.runtime import model_process, replica
         from difflet.runtime.startup import check_artifacts
 
         self.host, self.port = host, port
@@ -55,6 +56,8 @@ class DiffletServer:
         self.grace, self.request_timeout, self.queue_size = grace, request_timeout, queue_size
         expect = dict(expect or {})
         self.info = check_artifacts(art, expect)
+        # the model processes' imports start now, in the forkserver, beside our own startup
+        replica.prestart(model_process.preload_modules(str(self.info.module.attrs.get("family", ""))))
         self.admission = Admission(self.info, self.cache)
         self.metrics = Metrics()
         self.health = health.HealthServicer()
