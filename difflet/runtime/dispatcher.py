@@ -24,7 +24,7 @@ from collections import deque
 from typing import Any, Callable
 
 from difflet.runtime.jobs import Job
-from difflet.runtime.messages import run_fields
+from difflet.runtime.messages import Ready, run_fields
 from difflet.runtime.replica import Replica
 
 
@@ -39,9 +39,10 @@ class Rejected(Exception):
 class Dispatcher:
     def __init__(self, config: dict[str, Any], *, replicas: int = 1, queue_size: int = 16,
                  grace: float = 5.0, precheck: Callable[[], None] = lambda: None,
-                 metrics=None, on_health: Callable[[bool], None] = lambda ok: None) -> None:
+                 metrics=None, on_health: Callable[[bool], None] = lambda ok: None,
+                 log: Callable[[str], None] = lambda line: None) -> None:
         self.queue_size, self.grace = queue_size, grace
-        self.metrics, self.on_health = metrics, on_health
+        self.metrics, self.on_health, self.log = metrics, on_health, log
         self.recoveries = 0
         self._lock = threading.RLock()
         self._queue: deque[Job] = deque()
@@ -150,7 +151,10 @@ class Dispatcher:
             self._dispatch()
         self._publish()
 
-    def model_ready(self, replica: Replica, info: dict[str, Any]) -> None:
+    def model_ready(self, replica: Replica, info: Ready) -> None:
+        self.log(f"model process {replica.index} ready: pid {info.pid}, generation "
+                 f"{replica.generation}, imports {info.import_s:.2f} s, load {info.load_s:.2f} s, "
+                 f"warm-up {info.warm_up_s:.2f} s")
         with self._lock:
             self._ever_ready = True
             self._update_health()

@@ -156,8 +156,8 @@ class Replica:
         info = message
         self.pid, self.compiles, self.served, self.error = info.pid, info.compiles, 0, ""
         self.state = "ready"
+        self.dispatcher.model_ready(self, info)  # before `started`: its log line precedes "listening"
         self.started.set()
-        self.dispatcher.model_ready(self, info)
         return True
 
     def _first_message(self, proc, conn):

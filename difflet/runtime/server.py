@@ -6,8 +6,9 @@
 
 Invariants:
 - Startup order: torch-free artifact checks (manifest vs module.ir, hashes of module.ir, rank
-  assignment, --profile), bind the port (health NOT_SERVING; stdout "starting on HOST:PORT"),
-  metrics endpoint (stdout "metrics on HOST:PORT"), spawn the model processes, each loads the
+  assignment, --profile), start the model processes' forkserver (it imports torch; this
+  process never does), bind the port (health NOT_SERVING; stdout "starting on HOST:PORT"),
+  metrics endpoint (stdout "metrics on HOST:PORT"), start the model processes, each loads the
   artifacts (load_artifacts verify=True) and passes its warm-up, and only then health says
   SERVING and stdout says "listening on HOST:PORT" (what `difflet demo` and tests wait for).
 - SIGINT/SIGTERM stop it cleanly (health NOT_SERVING, accepted requests get up to 5 s, the rest
@@ -65,7 +66,8 @@ class DiffletServer:
         config = {"root": str(art), "cache": self.cache, "threads": threads, "verify": verify}
         self.dispatcher = Dispatcher(config, replicas=replicas, queue_size=queue_size, grace=grace,
                                      precheck=lambda: check_artifacts(art, expect),
-                                     metrics=self.metrics, on_health=self._on_health)
+                                     metrics=self.metrics, on_health=self._on_health,
+                                     log=_log)
         self.metrics.watch(self.dispatcher)
         self.servicer = DiffletServicer(self.info, self.admission, self.dispatcher, self.metrics,
                                         request_timeout=request_timeout, cache=self.cache,
@@ -122,6 +124,12 @@ class DiffletServer:
                                        error=r.error) for r in d.replicas],
             queue_size=self.queue_size, queue_depth=d.queue_depth(), recoveries=d.recoveries,
             request_timeout_s=self.request_timeout or 0.0, grace_s=self.grace)
+
+
+def _log(line: str) -> None:
+    """One stdout line (model processes ready, with their import/load/warm-up seconds)."""
+    click.echo(line)
+    sys.stdout.flush()
 
 
 def _expectations(pairs: tuple[str, ...]) -> dict[str, str]:
