@@ -40,11 +40,13 @@ COMPILE_ENTRY_POINTS = (("torch._inductor", "aoti_compile_and_package"), ("torch
 # what every model process imports before it serves (measured with `python -X importtime`:
 # torch, the AOTI package loader, and what the warm-up pulls in lazily: transformers'
 # AutoTokenizer, diffusers' torch_utils/image_processor, scipy.stats via the flow-match
-# scheduler, PIL's PNG writer); the forkserver imports them once, so a (re)start skips them
+# scheduler, PIL's PNG writer) and the AOTI loader's CPU-ISA probe (runtime/preload.py); the
+# forkserver does them once, so a (re)start skips them
 PRELOAD = ("torch", "torch._inductor.package", "safetensors.torch", "difflet.runtime.runner",
            "difflet.codegen.artifacts", "difflet.codegen.inductor", "difflet.runtime.model_process",
            "transformers.models.auto.tokenization_auto", "diffusers.utils.torch_utils",
-           "diffusers.image_processor", "scipy.stats", "PIL.PngImagePlugin")
+           "diffusers.image_processor", "scipy.stats", "PIL.PngImagePlugin",
+           "difflet.runtime.preload")  # the last: it probes the CPU's vector ISA once
 
 
 def preload_modules(family: str) -> list[str]:
