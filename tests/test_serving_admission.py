@@ -58,13 +58,6 @@ def test_valid_cache_modes(mode):
     assert check_cache_mode(f" {mode} ") == mode
 
 
-def test_cache_override_refused_when_the_runner_has_no_step_cache(flux_tiny_art):
-    bare = Admission(check_artifacts(flux_tiny_art), cache_available=False)
-    assert bare.check(**dict(OK, cache="off"))["cache"] == "off"
-    with pytest.raises(DiffletError, match="cache: 'cadence:2': this server's runner has no step caching"):
-        bare.check(**dict(OK, cache="cadence:2"))
-
-
 @pytest.mark.parametrize("dsl, limit", [
     ("flux-tiny", (32, "text_encoder_2")),          # T5's max_length; CLIP is shorter
     ("qwen-image-tiny", (16, "text_encoder")),      # max_text + 34 template tokens, less the template

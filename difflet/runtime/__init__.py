@@ -5,5 +5,6 @@ Layers, each usable without the next: `schedule` (+ `host/` steps by family) run
 difflet.v1.Difflet with health and reflection; `server` is the `difflet-runtime` process;
 `client`/`commands` are the `difflet generate`/`difflet demo` side. Serving is two processes:
 the torch-free API process (`server`, `service`, `admission`, `dispatcher`, `replica`,
-`startup`, `metrics`) and spawned model processes (`model_process`) that own the runner.
+`startup`, `metrics`, `messages`) and model processes (`model_process`, forked from a
+forkserver that preloaded torch) that own the runner.
 """

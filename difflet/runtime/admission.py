@@ -93,13 +93,12 @@ class Admission:
     truncations to report); `check` -> the fields alone."""
 
     def __init__(self, info: ArtifactInfo, default_cache: str = "off",
-                 cache_available: bool = True, prompt_policy: str = "truncate") -> None:
+                 prompt_policy: str = "truncate") -> None:
         if prompt_policy not in PROMPT_POLICIES:
             raise DiffletError(f"prompt policy {prompt_policy!r} is not one of {PROMPT_POLICIES}",
                                where="--prompt-policy")
         self.profile = info.profile
         self.default_cache = default_cache
-        self.cache_available = cache_available
         self.prompt_policy = prompt_policy
         self.token_limit, self.limit_encoder = text_limit(info.module)
         self.lengths = PromptLengths(info.module, Path(info.root) / info.manifest.host)
@@ -134,8 +133,6 @@ class Admission:
                                       f"{self.token_limit} tokens ({self.limit_encoder}); shorten it")
         cuts = self.truncations(prompt, negative_prompt)
         cache = check_cache_mode(cache) if cache.strip() else ""
-        if cache and cache != "off" and not self.cache_available:
-            raise _fail("cache", f"{cache!r}: this server's runner has no step caching")
         fields = {"prompt": params.prompt, "seed": params.seed, "steps": params.steps,
                   "guidance": params.guidance, "height": params.height, "width": params.width,
                   "request_id": params.request_id, "cache": cache or None}

@@ -171,8 +171,10 @@ def run_demo(output: Path | None, prompt: str, store: Path | None, seed: int = 4
     art = store / "demo-art" / model
     compile_model(model, art, store, report, log=log if verbose else None, verbose=verbose)
     with _Timer(report, "load+warm-up") as t:
-        proc, address = start_server(art)
-        t.note = f"difflet-runtime on {address}"
+        proc = launch_server(art)
+        ready = read_line(proc, "model process 0 ready: ")  # its imports, load and warm-up
+        address = read_line(proc, "listening on ")
+        t.note = f"difflet-runtime on {address}; {ready.split(', ', 2)[-1]}"
     try:
         with _Timer(report, "request") as t:
             reply = client.generate(address, prompt, seed, timeout=600)

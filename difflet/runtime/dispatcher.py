@@ -24,6 +24,7 @@ from collections import deque
 from typing import Any, Callable
 
 from difflet.runtime.jobs import Job
+from difflet.runtime.messages import Ready, run_fields
 from difflet.runtime.replica import Replica
 
 
@@ -38,9 +39,10 @@ class Rejected(Exception):
 class Dispatcher:
     def __init__(self, config: dict[str, Any], *, replicas: int = 1, queue_size: int = 16,
                  grace: float = 5.0, precheck: Callable[[], None] = lambda: None,
-                 metrics=None, on_health: Callable[[bool], None] = lambda ok: None) -> None:
+                 metrics=None, on_health: Callable[[bool], None] = lambda ok: None,
+                 log: Callable[[str], None] = lambda line: None) -> None:
         self.queue_size, self.grace = queue_size, grace
-        self.metrics, self.on_health = metrics, on_health
+        self.metrics, self.on_health, self.log = metrics, on_health, log
         self.recoveries = 0
         self._lock = threading.RLock()
         self._queue: deque[Job] = deque()
@@ -81,6 +83,9 @@ class Dispatcher:
 
     # ---- admission and answers (any thread)
     def submit(self, fields: dict[str, Any], deadline: float | None) -> Job:
+        """Accept admission's `fields` (converted to `messages.RunFields`: an unknown or
+        mistyped field raises msgspec.ValidationError here, before anything is queued)."""
+        fields = run_fields(fields)
         with self._lock:
             if self._closed:
                 raise Rejected("unavailable", "the server is shutting down")
@@ -89,8 +94,8 @@ class Dispatcher:
                                + "; ".join(r.error for r in self.replicas) + ")")
             if not self._ever_ready:
                 raise Rejected("unavailable", "the model is still loading")
-            if fields["request_id"] in self._active:
-                raise Rejected("duplicate_id", f"request_id: {fields['request_id']!r} is already in flight")
+            if fields.request_id in self._active:
+                raise Rejected("duplicate_id", f"request_id: {fields.request_id!r} is already in flight")
             capacity = self.queue_size + len(self.replicas)
             if len(self._active) >= capacity:
                 raise Rejected("queue_full", f"the queue is full ({self.queue_size} waiting + "
@@ -146,7 +151,10 @@ class Dispatcher:
             self._dispatch()
         self._publish()
 
-    def model_ready(self, replica: Replica, info: dict[str, Any]) -> None:
+    def model_ready(self, replica: Replica, info: Ready) -> None:
+        self.log(f"model process {replica.index} ready: pid {info.pid}, generation "
+                 f"{replica.generation}, imports {info.import_s:.2f} s, load {info.load_s:.2f} s, "
+                 f"warm-up {info.warm_up_s:.2f} s")
         with self._lock:
             self._ever_ready = True
             self._update_health()

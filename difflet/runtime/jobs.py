@@ -14,13 +14,15 @@ import threading
 import time
 from typing import Any
 
+from difflet.runtime.messages import RunFields
+
 OUTCOMES = ("ok", "invalid", "internal", "cancelled", "deadline", "unavailable")
 
 
 class Job:
-    def __init__(self, fields: dict[str, Any], deadline: float | None) -> None:
+    def __init__(self, fields: RunFields, deadline: float | None) -> None:
         self.fields = fields
-        self.request_id: str = fields["request_id"]
+        self.request_id: str = fields.request_id
         self.deadline = deadline  # time.monotonic() value, or None
         self.admitted = time.monotonic()
         self.dispatched: float | None = None
@@ -30,7 +32,7 @@ class Job:
         self.pid: int = 0
         self.code: str | None = None
         self.message = ""
-        self.result: dict[str, Any] | None = None
+        self.result: dict[str, Any] | None = None  # a messages.Result as a dict (service reads it)
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.done = threading.Event()
         self._lock = threading.Lock()

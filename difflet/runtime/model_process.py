@@ -1,11 +1,12 @@
 """The model process: loads one profile's saved artifacts, warms up, runs one request at a time.
 
-Started by `replica.Replica` with multiprocessing's spawn context; speaks over one duplex pipe.
-  parent -> child: ("run", seq, fields)   fields as `admission.Admission.check` returns them
-                   ("stop",)
-  child -> parent: ("ready", info) | ("failed", kind, message)           once, after start
-                   ("step", seq, step, total, cached)                     after every step
-                   ("done", seq, result) | ("error", seq, kind, message) | ("cancelled", seq)
+Started by `replica.Replica` (non-daemonic: a split program starts rank workers of its own);
+speaks over one duplex pipe in msgspec messages (difflet/runtime/messages.py), one msgpack
+frame per `send_bytes`:
+  API -> model:  Run(seq, fields) | Stop
+  model -> API:  Ready(...) | Failed(kind, message)           once, after start
+                 Step(seq, step, total, cached)                after every step
+                 Done(seq, result) | Error(seq, kind, message) | Cancelled(seq)
 Cancellation needs no message: the parent writes the seq to cancel into a shared integer, and
 `should_stop()` (checked at every step boundary) compares it with the running request's seq.
 
@@ -13,10 +14,12 @@ Invariants:
 - It only ever loads (`ModelRunner.from_artifacts(verify=...)` -> load_artifacts); it never
   compiles. Calls to the compile entry points are counted (`compiles` in every report) so a
   test can see that the count stays 0.
-- The warm-up generation must pass its checks before "ready" is sent.
+- The warm-up generation must pass its checks before Ready is sent.
 - SIGINT is ignored (the API process decides when model processes stop); EOF on the pipe (the
   API process went away) ends it. It leads its own process group, so the API process can kill
   it together with any rank workers its programs started (split components).
+- A message it cannot decode is a bug in the API process: it ends (the API process sees the
+  exit and replaces it), never guesses.
 - DIFFLET_FAULTS (tests only): "hang-on-cancel" blocks forever when asked to stop (a
   generation stuck in a device call, the case --grace exists for);
   "hold-load:PATH" makes the first process (generation 0) wait until a line can be read from
@@ -24,13 +27,33 @@ Invariants:
 """
 from __future__ import annotations
 
-import inspect
 import os
 import signal
 import time
 from typing import Any, Callable
 
+import msgspec
+
+from difflet.runtime import messages as msg
+
 COMPILE_ENTRY_POINTS = (("torch._inductor", "aoti_compile_and_package"), ("torch", "compile"))
+# what every model process imports before it serves (measured with `python -X importtime`:
+# torch, the AOTI package loader, and what the warm-up pulls in lazily: transformers'
+# AutoTokenizer, diffusers' torch_utils/image_processor, scipy.stats via the flow-match
+# scheduler, PIL's PNG writer) and the AOTI loader's CPU-ISA probe (runtime/preload.py); the
+# forkserver does them once, so a (re)start skips them
+PRELOAD = ("torch", "torch._inductor.package", "safetensors.torch", "difflet.runtime.runner",
+           "difflet.codegen.artifacts", "difflet.codegen.inductor", "difflet.runtime.model_process",
+           "transformers.models.auto.tokenization_auto", "diffusers.utils.torch_utils",
+           "diffusers.image_processor", "scipy.stats", "PIL.PngImagePlugin",
+           "difflet.runtime.preload")  # the last: it probes the CPU's vector ISA once
+
+
+def preload_modules(family: str) -> list[str]:
+    """Modules the forkserver imports for a model process of `family` (its host steps too)."""
+    from difflet.runtime.host import FAMILY_MODULES
+
+    return [*PRELOAD, *([FAMILY_MODULES[family]] if family in FAMILY_MODULES else [])]
 
 
 def _count_compiles() -> list[int]:
@@ -59,97 +82,62 @@ def _faults(generation: int) -> tuple[bool, str | None]:
 def _load(config: dict[str, Any]):
     from difflet.runtime.runner import ModelRunner
 
-    kwargs = {"verify": bool(config.get("verify", True))}
-    if "cache" in inspect.signature(ModelRunner.from_artifacts).parameters:
-        kwargs["cache"] = config["cache"]
-    elif config["cache"] != "off":
-        from difflet.errors import DiffletError
-
-        raise DiffletError(f"{config['cache']!r}: this build's runner has no step caching", where="--cache")
-    return ModelRunner.from_artifacts(config["root"], **kwargs)
+    return ModelRunner.from_artifacts(config["root"], verify=bool(config.get("verify", True)),
+                                      cache=config["cache"])
 
 
-def _hooked_generate(runner, params, on_step: Callable, should_stop: Callable):
-    """`runner.generate` with step hooks: the runner's own when it has them, else a wrapper
-    around the denoiser program (one call = one step; checked before each call)."""
-    from difflet.runtime.cancel import Cancelled
-
-    if "should_stop" in inspect.signature(runner.generate).parameters:
-        return runner.generate(params, on_step=on_step, should_stop=should_stop), None
-    names = [c.name for c in runner.module.components("denoiser")]
-    calls = [0]
-    originals = {n: runner.env.programs[n] for n in names}
-
-    def wrap(program):
-        def step(*args, **kwargs):
-            if should_stop():
-                raise Cancelled()
-            out = program(*args, **kwargs)
-            calls[0] += 1
-            on_step(calls[0] - 1, params.steps, False)
-            return out
-        return step
-
-    runner.env.programs.update({n: wrap(p) for n, p in originals.items()})
-    try:
-        return runner.generate(params), {"denoiser_calls": calls[0], "cached_steps": 0}
-    finally:
-        runner.env.programs.update(originals)
+def _send(conn, message: msg.ToApi) -> None:
+    conn.send_bytes(msg.encode(message))
 
 
-def _resolve(runner, fields: dict[str, Any]):
-    fields = dict(fields)
-    cache = fields.pop("cache", None)
-    if "cache" in inspect.signature(runner.resolve).parameters:
-        return runner.resolve(**fields, cache=cache)
-    return runner.resolve(**fields)
-
-
-def _run(conn, runner, seq: int, fields: dict[str, Any], should_stop: Callable, compiles: list[int],
+def _run(conn, runner, run: msg.Run, should_stop: Callable, compiles: list[int],
          default_cache: str) -> None:
     from difflet.errors import DiffletError
     from difflet.runtime.cancel import Cancelled
 
+    seq, fields = run.seq, run.fields
+
     def on_step(step: int, total: int, cached: bool) -> None:
-        conn.send(("step", seq, int(step) + 1, int(total), bool(cached)))
+        _send(conn, msg.Step(seq, int(step) + 1, int(total), bool(cached)))
 
     try:
-        params = _resolve(runner, fields)
-        result, fallback_stats = _hooked_generate(runner, params, on_step, should_stop)
+        params = runner.resolve(**msgspec.structs.asdict(fields))
+        result = runner.generate(params, on_step=on_step, should_stop=should_stop)
     except Cancelled:
-        conn.send(("cancelled", seq))
+        _send(conn, msg.Cancelled(seq))
         return
     except DiffletError as err:
-        conn.send(("error", seq, "invalid", err.message))
+        _send(conn, msg.Error(seq, "invalid", err.message))
         return
     except Exception as err:  # a failed generation must not end the process
-        conn.send(("error", seq, "internal", f"{type(err).__name__}: {err}"))
+        _send(conn, msg.Error(seq, "internal", f"{type(err).__name__}: {err}"))
         return
-    stats = dict(getattr(result, "stats", None) or fallback_stats or {})
-    p = result.params
-    conn.send(("done", seq, {
-        "png": result.png, "mp4": getattr(result, "mp4", b""), "fps": float(getattr(result, "fps", 0.0)),
-        "frames": 0 if getattr(result, "video", None) is None else int(result.video.shape[0]),
-        "seed": p.seed, "steps": p.steps, "guidance": p.guidance,
-        "height": p.height, "width": p.width, "request_id": p.request_id,
-        "timings": dict(result.timings), "cache": fields.get("cache") or default_cache,
-        "denoiser_calls": int(stats.get("denoiser_calls", p.steps)),
-        "cached_steps": int(stats.get("cached_steps", 0)), "compiles": compiles[0]}))
+    stats, p = result.stats, result.params
+    _send(conn, msg.Done(seq, msg.Result(
+        png=result.png, mp4=result.mp4, fps=float(result.fps),
+        frames=0 if result.video is None else int(result.video.shape[0]),
+        seed=p.seed, steps=p.steps, guidance=p.guidance, height=p.height, width=p.width,
+        request_id=p.request_id, timings={k: float(v) for k, v in result.timings.items()},
+        cache=fields.cache or default_cache,
+        denoiser_calls=int(stats.get("denoiser_calls", p.steps)),
+        cached_steps=int(stats.get("cached_steps", 0)), compiles=compiles[0])))
 
 
 def serve(conn, cancel_upto, config: dict[str, Any]) -> None:
-    """Process entry point (spawned): load, warm up, report, then serve "run" messages."""
+    """Process entry point: load, warm up, report, then serve Run messages until Stop or EOF."""
     os.setpgrp()  # its own process group: a kill also reaches rank workers it started
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     import faulthandler
 
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` dumps stacks
     hang_on_cancel, hold = _faults(int(config.get("generation", 0)))
+    began = time.perf_counter()
     try:
         import torch
 
         torch.set_num_threads(max(1, int(config.get("threads", 1))))
         compiles = _count_compiles()
+        imported = time.perf_counter()
         if hold:
             with open(hold) as fifo:
                 fifo.readline()
@@ -162,10 +150,10 @@ def serve(conn, cancel_upto, config: dict[str, Any]) -> None:
         from difflet.errors import DiffletError
 
         kind = "invalid" if isinstance(err, DiffletError) else "error"
-        conn.send(("failed", kind, str(err) if kind == "invalid" else f"{type(err).__name__}: {err}"))
+        _send(conn, msg.Failed(kind, str(err) if kind == "invalid" else f"{type(err).__name__}: {err}"))
         return
-    conn.send(("ready", {"pid": os.getpid(), "load_s": loaded - start, "warm_up_s": warm - loaded,
-                         "compiles": compiles[0]}))
+    _send(conn, msg.Ready(pid=os.getpid(), load_s=loaded - start, warm_up_s=warm - loaded,
+                          compiles=compiles[0], import_s=imported - began))
 
     current = [0]
 
@@ -177,12 +165,10 @@ def serve(conn, cancel_upto, config: dict[str, Any]) -> None:
 
     while True:
         try:
-            message = conn.recv()
+            message = msg.decode_to_model(conn.recv_bytes())
         except (EOFError, OSError):
             return
-        if message[0] == "stop":
+        if isinstance(message, msg.Stop):
             return
-        if message[0] == "run":
-            _, seq, fields = message
-            current[0] = seq
-            _run(conn, runner, seq, fields, should_stop, compiles, config["cache"])
+        current[0] = message.seq
+        _run(conn, runner, message, should_stop, compiles, config["cache"])

@@ -14,9 +14,16 @@ Invariants:
   killed after `grace`): the replica is not given the next request before that, so two
   generations never overlap. A kill is confirmed (join) before a replacement starts.
 - A replacement only loads the saved artifacts (startup checks + load_artifacts + warm-up).
+- Model processes are not daemonic (a split program's model process starts rank workers); each
+  leads its own process group, and every path that ends one (stop, crash, grace timeout, a
+  failed start) SIGKILLs that whole group and joins the process, so no model process or rank
+  worker outlives its replica.
+- Messages are `messages` Structs; a message that does not decode is treated as a broken
+  process (killed and replaced), never read with defaults.
 """
 from __future__ import annotations
 
+import atexit
 import multiprocessing
 import os
 import signal
@@ -25,10 +32,47 @@ import time
 from multiprocessing.connection import wait
 from typing import Any, Callable
 
+import msgspec
+
+from difflet.runtime import messages as msg
 from difflet.runtime.jobs import Job
 
-_CTX = multiprocessing.get_context("spawn")
+# model processes fork from a forkserver that imported torch and the host steps once
+# (`prestart`), so a (re)start skips those imports; the API process itself never imports them
+_CTX = multiprocessing.get_context("forkserver")
 START_TIMEOUT_S = 1800.0
+_LIVE: set = set()  # started model processes not yet confirmed dead (see _kill_leftovers)
+
+
+def prestart(preload: list[str]) -> None:
+    """Start the forkserver now, importing `preload` (torch, the runner, host steps) there while
+    the API process goes on with its own startup; model processes then fork from it."""
+    _CTX.set_forkserver_preload(list(preload))
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    """Last resort at API-process exit: SIGKILL the group of any model process still alive.
+    Registered after multiprocessing's own exit hook, so it runs first (atexit is LIFO) and
+    that hook never waits on a non-daemonic model process that would not exit by itself."""
+    for proc in list(_LIVE):
+        _kill_group(proc)
+
+
+def _kill_group(proc) -> None:
+    """SIGKILL `proc`'s process group (it and any workers it started), confirm its exit."""
+    if proc.pid:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass  # no group (yet, or any more): the process itself is handled below
+    if proc.is_alive():
+        proc.kill()
+    proc.join()  # confirm the exit
+    _LIVE.discard(proc)
 
 
 class Replica:
@@ -95,24 +139,25 @@ class Replica:
             conn, child = _CTX.Pipe(duplex=True)
             config = dict(self.config, generation=self.generation)
             proc = _CTX.Process(target=model_process.serve, args=(child, self._cancel_upto, config),
-                                name=f"difflet-model-{self.index}", daemon=True)
+                                name=f"difflet-model-{self.index}", daemon=False)
             proc.start()
+            _LIVE.add(proc)
             child.close()
             self._proc, self._conn = proc, conn
             message = self._first_message(proc, conn)
         except Exception as err:
-            message = ("failed", "invalid", str(err))
-        if message[0] != "ready":
+            message = msg.Failed("invalid", str(err))
+        if not isinstance(message, msg.Ready):
             self._kill()
-            self.state, self.error = "failed", message[2]
+            self.state, self.error = "failed", message.message
             self.started.set()
-            self.dispatcher.model_failed(self, message[1], message[2])
+            self.dispatcher.model_failed(self, message.kind, message.message)
             return False
-        info = message[1]
-        self.pid, self.compiles, self.served, self.error = info["pid"], info["compiles"], 0, ""
+        info = message
+        self.pid, self.compiles, self.served, self.error = info.pid, info.compiles, 0, ""
         self.state = "ready"
+        self.dispatcher.model_ready(self, info)  # before `started`: its log line precedes "listening"
         self.started.set()
-        self.dispatcher.model_ready(self, info)
         return True
 
     def _first_message(self, proc, conn):
@@ -121,18 +166,25 @@ class Replica:
             ready = wait([conn, proc.sentinel, self._wake_r], timeout=deadline - time.monotonic())
             if conn in ready:
                 try:
-                    return conn.recv()
-                except EOFError:
+                    message = msg.decode_to_api(conn.recv_bytes())
+                except (EOFError, OSError):
                     pass
+                except msgspec.ValidationError as err:
+                    return msg.Failed("error", f"the model process sent a malformed message: {err}")
+                else:
+                    if isinstance(message, (msg.Ready, msg.Failed)):
+                        return message
+                    return msg.Failed("error", f"the model process sent {type(message).__name__} "
+                                               f"before Ready")
             if proc.sentinel in ready or conn in ready:
                 proc.join()
-                return ("failed", "error", f"the model process exited during startup "
+                return msg.Failed("error", f"the model process exited during startup "
                                            f"(exit code {proc.exitcode})")
             if self._wake_r in ready:
                 self._drain_wake()
             if time.monotonic() > deadline:
-                return ("failed", "error", f"the model process was not ready within {START_TIMEOUT_S:.0f} s")
-        return ("failed", "error", "stopped during startup")
+                return msg.Failed("error", f"the model process was not ready within {START_TIMEOUT_S:.0f} s")
+        return msg.Failed("error", "stopped during startup")
 
     def _serve(self) -> str:
         """Feed and watch the running process; returns why it has to be replaced."""
@@ -144,7 +196,7 @@ class Replica:
                 job.seq = self.dispatcher.next_seq()
                 job.started(self)
                 try:
-                    conn.send(("run", job.seq, job.fields))
+                    conn.send_bytes(msg.encode(msg.Run(job.seq, job.fields)))
                 except (BrokenPipeError, OSError):
                     pass  # the death is seen on the sentinel below
                 if job.done.is_set():  # answered (deadline/cancel) before it was sent
@@ -159,9 +211,15 @@ class Replica:
                 self._drain_wake()
             if conn in ready:
                 try:
-                    message = conn.recv()
+                    message = msg.decode_to_api(conn.recv_bytes())
                 except (EOFError, OSError):
                     message = None
+                except msgspec.ValidationError as err:  # a broken process: replace it
+                    self.state = "recovering"
+                    self._kill()
+                    self._fail_job(f"the model process (pid {self.pid}) sent a malformed "
+                                   f"message ({err}); a replacement is loading")
+                    return "crash"
                 if message is not None:
                     self._on_message(message)
                     continue
@@ -187,22 +245,19 @@ class Replica:
                 return "timeout"
         return "stopped"
 
-    def _on_message(self, message) -> None:
-        kind, seq = message[0], message[1]
+    def _on_message(self, message: msg.ToApi) -> None:
         job = self.job
-        if job is None or seq != job.seq:
-            return  # a late message of a request already handed back
-        if kind == "step":
-            job.progress(message[2], message[3], message[4], self.pid)
-            return
-        if kind == "done":
-            result = message[2]
-            self.compiles = result.get("compiles", self.compiles)
+        if job is None or getattr(message, "seq", None) != job.seq:
+            return  # a late message of a request already handed back (or a stray Ready/Failed)
+        if isinstance(message, msg.Step):
+            job.progress(message.step, message.total, message.cached, self.pid)
+        elif isinstance(message, msg.Done):
+            self.compiles = message.result.compiles
             self.served += 1
-            self.dispatcher.finished(self, job, "ok", "", result)
-        elif kind == "error":
-            self.dispatcher.finished(self, job, message[2], message[3], None)
-        elif kind == "cancelled":
+            self.dispatcher.finished(self, job, "ok", "", msgspec.structs.asdict(message.result))
+        elif isinstance(message, msg.Error):
+            self.dispatcher.finished(self, job, message.kind, message.message, None)
+        elif isinstance(message, msg.Cancelled):
             self.dispatcher.finished(self, job, "cancelled", "cancelled at a step boundary", None)
 
     def _fail_job(self, message: str) -> None:
@@ -216,16 +271,8 @@ class Replica:
 
     def _kill(self) -> None:
         """SIGKILL the model process's group (it and any workers it started), confirm the exit."""
-        proc = self._proc
-        if proc is not None and proc.pid:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass  # no group (yet, or any more): the process itself is handled below
-        if proc is not None and proc.is_alive():
-            proc.kill()
-        if proc is not None:
-            proc.join()  # confirm the exit
+        if self._proc is not None:
+            _kill_group(self._proc)
         if self._conn is not None:
             self._conn.close()
         self._proc = self._conn = None
@@ -234,7 +281,7 @@ class Replica:
         proc, conn = self._proc, self._conn
         if proc is not None and proc.is_alive():
             try:
-                conn.send(("stop",))
+                conn.send_bytes(msg.encode(msg.Stop()))
             except (BrokenPipeError, OSError):
                 pass
             proc.join(5.0)

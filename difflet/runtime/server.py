@@ -7,8 +7,9 @@
 
 Invariants:
 - Startup order: torch-free artifact checks (manifest vs module.ir, hashes of module.ir, rank
-  assignment, --profile), bind the port (health NOT_SERVING; stdout "starting on HOST:PORT"),
-  metrics endpoint (stdout "metrics on HOST:PORT"), spawn the model processes, each loads the
+  assignment, --profile), start the model processes' forkserver (it imports torch; this
+  process never does), bind the port (health NOT_SERVING; stdout "starting on HOST:PORT"),
+  metrics endpoint (stdout "metrics on HOST:PORT"), start the model processes, each loads the
   artifacts (load_artifacts verify=True) and passes its warm-up, and only then health says
   SERVING and stdout says "listening on HOST:PORT" (what `difflet demo` and tests wait for).
 - HTTP (--http-port; stdout "http on HOST:PORT", bound before the model processes start) shares
@@ -53,28 +54,25 @@ class DiffletServer:
         from difflet.runtime.admission import Admission, check_cache_mode
         from difflet.runtime.dispatcher import Dispatcher
         from difflet.runtime.metrics import Metrics
-        from difflet.runtime.runner import ModelRunner
+        from difflet.runtime import model_process, replica
         from difflet.runtime.startup import check_artifacts
-
-        import inspect
 
         self.host, self.port = host, port
         self.cache = check_cache_mode(cache, field="--cache")
         self.grace, self.request_timeout, self.queue_size = grace, request_timeout, queue_size
         expect = dict(expect or {})
         self.info = check_artifacts(art, expect)
-        cache_ok = "cache" in inspect.signature(ModelRunner.from_artifacts).parameters
-        if self.cache != "off" and not cache_ok:
-            raise DiffletError(f"{self.cache!r}: this build's runner has no step caching", where="--cache")
-        self.admission = Admission(self.info, self.cache, cache_available=cache_ok,
-                                   prompt_policy=prompt_policy)
+        # the model processes' imports start now, in the forkserver, beside our own startup
+        replica.prestart(model_process.preload_modules(str(self.info.module.attrs.get("family", ""))))
+        self.admission = Admission(self.info, self.cache, prompt_policy=prompt_policy)
         self.metrics = Metrics()
         self.health = health.HealthServicer()
         threads = threads or max(1, (os.cpu_count() or 1) // replicas)
         config = {"root": str(art), "cache": self.cache, "threads": threads, "verify": verify}
         self.dispatcher = Dispatcher(config, replicas=replicas, queue_size=queue_size, grace=grace,
                                      precheck=lambda: check_artifacts(art, expect),
-                                     metrics=self.metrics, on_health=self._on_health)
+                                     metrics=self.metrics, on_health=self._on_health,
+                                     log=_log)
         self.metrics.watch(self.dispatcher)
         self.servicer = DiffletServicer(self.info, self.admission, self.dispatcher, self.metrics,
                                         request_timeout=request_timeout, cache=self.cache,
@@ -175,6 +173,12 @@ def _check_tls(cert: str, key: str) -> None:
         raise click.BadParameter(f"{cert} / {key}: not a usable PEM certificate and key "
                                  f"({getattr(err, 'reason', None) or err})",
                                  param_hint="--tls-cert/--tls-key") from None
+
+
+def _log(line: str) -> None:
+    """One stdout line (model processes ready, with their import/load/warm-up seconds)."""
+    click.echo(line)
+    sys.stdout.flush()
 
 
 def _expectations(pairs: tuple[str, ...]) -> dict[str, str]:
