@@ -226,7 +226,7 @@ class Handler(VideoRoutes, BaseHTTPRequestHandler):
 
     def _image_item(self, job, opts) -> dict:
         image, fmt = self.api.encode_image(job.result["png"], opts["output_format"])
-        item = {"revised_prompt": job.fields["prompt"], "seed": job.result["seed"]}
+        item = {"revised_prompt": job.fields.prompt, "seed": job.result["seed"]}
         if opts["response_format"] == "url":
             name = f"{job.request_id}.{fmt}"
             try:

@@ -42,7 +42,7 @@ class VideoJob:
                 "progress": self.progress, "created_at": self.created_at,
                 "completed_at": self.completed_at, "size": self.size,
                 "seconds": f"{self.frames / self.fps:g}", "num_frames": self.frames, "fps": self.fps,
-                "seed": self.job.fields["seed"], "num_inference_steps": self.job.fields["steps"],
+                "seed": self.job.fields.seed, "num_inference_steps": self.job.fields.steps,
                 "error": self.error}
 
 
