@@ -6,8 +6,10 @@ Variants (H heads, S tokens, head dim D, keys valid in [0, S - pad)):
   sdpa      eager F.scaled_dot_product_attention with a [1, 1, 1, S] boolean key mask;
   ref       (--with-ref) the torch reference (the oracle) compiled the same way: it builds the
             S x S scores, which is what programs ran before the fused kernel.
-Each variant runs in a fresh subprocess (compilation in yet another one), so peak RSS is that
-variant's alone: torch + the AOTInductor loader + inputs + the call. Reports median ms over
+Times: all variants loaded in one subprocess and called round-robin, --repeats rounds, median
+per variant (on a shared machine, load changes between separate runs would swamp the ratio; the
+variant's own subprocess time is kept as alone_ms). Memory: each variant runs in a fresh
+subprocess (compilation in yet another one), so peak RSS is that variant's alone: torch + the AOTInductor loader + inputs + the call. Reports median ms over
 --repeats calls, peak RSS MB (CPU: ru_maxrss; CUDA: max_memory_allocated), the call's extra
 memory (peak minus the resident size just before the first call), and ratios to sdpa. Prints JSON (also to --json)
 and a markdown table. Targets: bounded/sdpa time <= 1.1x, peak RSS <= 1.2x.
@@ -49,13 +51,27 @@ def _child(args) -> dict:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
-    if args.variant == "sdpa":
-        keep = (torch.arange(args.seq, device=dev) < hi).view(1, 1, 1, -1)
-        call = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=keep)  # noqa: E731
-    else:
-        prog = load_package(args.package)
-        call = lambda: prog(q, k, v, lo, hi)  # noqa: E731
+    def make(variant):
+        if variant == "sdpa":
+            keep = (torch.arange(args.seq, device=dev) < hi).view(1, 1, 1, -1)
+            return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        prog = load_package(args.package.replace("@", variant))
+        return lambda: prog(q, k, v, lo, hi)
+
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    if args.variant == "interleaved":  # every variant in this process, round-robin: time only
+        calls = {name: make(name) for name in args.variants.split(",")}
+        times = {name: [] for name in calls}
+        for call in calls.values():
+            call()
+        for _ in range(args.repeats):
+            for name, call in calls.items():
+                t0 = time.perf_counter()
+                call()
+                sync()
+                times[name].append((time.perf_counter() - t0) * 1e3)
+        return {name: statistics.median(t) for name, t in times.items()}
+    call = make(args.variant)
     before = rss_mb() if dev.type == "cpu" else torch.cuda.memory_allocated() / 2**20
     call()
     sync()
@@ -87,17 +103,18 @@ def _compile(args) -> None:
     q = torch.zeros(1, args.heads, args.seq, args.dim, dtype=dtype, device=dev)
     bounds = (torch.tensor(0, device=dev), torch.tensor(args.seq, device=dev))
     ep = torch.export.export(Attn(), (q, q, q, *bounds), strict=False)
-    torch._inductor.aoti_compile_and_package(ep, package_path=args.package)
+    torch._inductor.aoti_compile_and_package(ep, package_path=args.package.replace("@", args.variant))
 
 
 def _run(args, variant: str, dtype: str, tmp: Path, mode: str) -> dict:
     cmd = [sys.executable, __file__, f"--{mode}", "--variant", variant, "--dtypes", dtype,
            "--heads", str(args.heads), "--seq", str(args.seq), "--dim", str(args.dim),
            "--pad", str(args.pad), "--repeats", str(args.repeats), "--device", args.device,
-           "--package", str(tmp / f"{variant}-{dtype}.pt2")]
+           "--package", str(tmp / f"@-{dtype}.pt2"), "--variants", ",".join(args.variants)]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
     return json.loads(out.strip().splitlines()[-1]) if mode == "child" else {}
+
 
 
 def main(argv=None) -> int:
@@ -114,6 +131,7 @@ def main(argv=None) -> int:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--variant", help=argparse.SUPPRESS)
+    ap.add_argument("--variants", help=argparse.SUPPRESS)
     ap.add_argument("--package", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child or args.compile:
@@ -129,6 +147,7 @@ def main(argv=None) -> int:
             print("error: --device cuda: no CUDA device is available on this machine", file=sys.stderr)
             return 2
     variants = ["bounded", "sdpa"] + (["ref"] if args.with_ref else [])
+    args.variants = variants
     result = {"shape": {"heads": args.heads, "seq": args.seq, "dim": args.dim, "valid": args.seq - args.pad},
               "device": args.device, "repeats": args.repeats, "cases": {}}
     with tempfile.TemporaryDirectory() as tmp:
@@ -138,6 +157,9 @@ def main(argv=None) -> int:
                 if variant != "sdpa":
                     _run(args, variant, dtype, Path(tmp), "compile")
                 case[variant] = _run(args, variant, dtype, Path(tmp), "child")
+                case[variant]["alone_ms"] = case[variant].pop("ms")
+            for variant, ms in _run(args, "interleaved", dtype, Path(tmp), "child").items():
+                case[variant]["ms"] = ms
             for variant in variants:
                 case[variant]["time_ratio"] = case[variant]["ms"] / case["sdpa"]["ms"]
                 case[variant]["rss_ratio"] = case[variant]["peak_mb"] / case["sdpa"]["peak_mb"]
