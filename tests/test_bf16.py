@@ -1,5 +1,6 @@
-"""bf16 end to end: flux-tiny-bf16 compiled (AOTInductor) and served by Difflet's runner against
-diffusers' FluxPipeline and its component classes run in bf16 on the same random:0 checkpoint.
+"""bf16 end to end: flux-tiny-bf16 and wan2.1-tiny-bf16 compiled (AOTInductor) and served by
+Difflet's runner against diffusers' FluxPipeline / WanPipeline and their component classes run in
+bf16 on the same random:0 checkpoint.
 
 Per program: cosine similarity of the program's output and the bf16 module's (target >= 0.9999);
 end to end: PSNR of the image against FluxPipeline(torch_dtype=bfloat16) (target >= 35 dB).
@@ -126,3 +127,59 @@ def test_served_image_matches_bf16_fluxpipeline(art, pipe, seed, steps, guidance
                           height=32, width=32, max_sequence_length=32, output_type="pil").images[0])
     assert ours.shape == ref.shape == (32, 32, 3) and ours.std() > 0
     assert psnr(ours, ref) >= 35.0, f"PSNR {psnr(ours, ref):.1f} dB"
+
+
+WAN_BF16_DSL = REPO / "models" / "wan2.1-tiny-bf16.dsl"
+WAN_PROMPT = "a red fox running through the snow"
+
+
+@pytest.fixture(scope="module")
+def wan_art(tmp_path_factory):
+    module = planned_tiny(WAN_BF16_DSL)
+    ckpt = random_checkpoint(module)
+    return compile_art(module, ckpt, tmp_path_factory.mktemp("wan-tiny-bf16-art")), ckpt
+
+
+def test_wan_transformer_program_matches_exact_maths_better_than_eager_bf16(wan_art):
+    from diffusers import WanTransformer3DModel
+
+    from difflet.codegen.artifacts import load_artifacts
+
+    art, ckpt = wan_art
+    program = load_artifacts(art).programs["transformer"]
+    eager = WanTransformer3DModel.from_pretrained(str(ckpt), subfolder="transformer", torch_dtype=torch.bfloat16)
+    exact = WanTransformer3DModel.from_pretrained(str(ckpt), subfolder="transformer", torch_dtype=torch.float32)
+    g = torch.Generator().manual_seed(1)
+    latents = torch.randn(1, 4, 3, 4, 4, generator=g).to(torch.bfloat16)
+    text = torch.randn(1, 16, 32, generator=g).to(torch.bfloat16)
+    for t in (999.0, 12.0):
+        timestep = torch.tensor([t], dtype=torch.bfloat16)
+        with torch.no_grad():
+            e = eager(hidden_states=latents, timestep=timestep, encoder_hidden_states=text, return_dict=False)[0]
+            want = exact(hidden_states=latents.float(), timestep=timestep.float(),
+                         encoder_hidden_states=text.float(), return_dict=False)[0]
+        (got,) = run(program, latents, timestep, text)
+        assert got.dtype == torch.bfloat16
+        assert cos(got, want) >= 0.9999 and cos(got, want) >= cos(e, want), t
+
+
+def test_wan_served_video_matches_bf16_wanpipeline(wan_art):
+    """Text encoder and transformer bf16, VAE fp32 (as models/wan2.1.dsl), on both sides."""
+    from diffusers import WanPipeline
+
+    from difflet.runtime.runner import ModelRunner
+
+    art, ckpt = wan_art
+    runner = ModelRunner.from_artifacts(art)
+    params = runner.resolve(prompt=WAN_PROMPT, seed=42)
+    video = runner.generate(params).video
+    pipe = WanPipeline.from_pretrained(str(ckpt), torch_dtype=torch.bfloat16)
+    pipe.vae.to(torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    out = pipe(WAN_PROMPT, generator=torch.Generator("cpu").manual_seed(42), num_inference_steps=params.steps,
+               guidance_scale=params.guidance, height=32, width=32, num_frames=9, max_sequence_length=16,
+               output_type="np")
+    ref = (out.frames[0] * 255).round().astype(np.uint8)
+    assert video.shape == ref.shape == (9, 32, 32, 3) and video.std() > 0
+    worst = min(psnr(video[f], ref[f]) for f in range(ref.shape[0]))
+    assert worst >= 35.0, f"worst frame PSNR {worst:.1f} dB"
