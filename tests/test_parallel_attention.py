@@ -129,6 +129,8 @@ def test_text_outputs_replicated(results, layout):
                 peer = next(p for p in ranks if p["heads"] == r["heads"])
                 a, b = r[mode, n][1], peer[mode, n][1]
                 if mode == "ring":
-                    assert (a - b).abs().max().item() <= 1e-6
+                    # (out, lse) partials merged in a rank-dependent order: each merge rounds
+                    # exp(lse_i - lse) once (~1e-7 at |out| <= 1); a wrong merge is off by ~0.1.
+                    assert (a - b).abs().max().item() <= 4e-6
                 else:
                     assert torch.equal(a, b), (layout, mode, n)

@@ -4,8 +4,8 @@ Invariants:
 - The op (`joint_bounded_attention`) knows nothing about any model: it takes q/k/v over a joint
   sequence (text segment + visual segment in the model's order) and a runtime valid-text count,
   rearranges the keys as [visual, valid text, text padding] so the valid keys are one interval,
-  and calls the kernel contract `bounded_attention` with bounds [0, V + valid_text). Queries keep
-  the model's order, so outputs line up with the reference.
+  and calls the kernel contract `bounded_attention` (fused SDPA, difflet/kernels) with bounds
+  [0, V + valid_text). Queries keep the model's order, so outputs line up with the reference.
 - Softmax is invariant to key order, so with valid_text == T the op equals dense attention.
 - The Flux processor computes q/k/v exactly as diffusers' FluxAttnProcessor and differs only in
   the attention call.
@@ -18,7 +18,7 @@ import torch
 
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
-from difflet.kernels.attention_ref import bounded_attention
+from difflet.kernels.attention_fused import bounded_attention
 
 
 def joint_bounded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, text_len: int,

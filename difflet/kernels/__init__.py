@@ -1,4 +1,6 @@
-"""Attention kernels: the torch reference of the bounded-attention contract (and, on trn2, NKI)."""
+"""Attention kernels: the bounded-attention torch reference (the oracle), its fused-SDPA
+implementation (what inductor programs call) and, on trn2, NKI."""
+from difflet.kernels.attention_fused import bounded_attention as fused_bounded_attention
 from difflet.kernels.attention_ref import bounded_attention, merge_partials
 
-__all__ = ["bounded_attention", "merge_partials"]
+__all__ = ["bounded_attention", "fused_bounded_attention", "merge_partials"]

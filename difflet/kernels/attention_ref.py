@@ -5,11 +5,12 @@ Contract (every backend kernel implements exactly this):
   softmax iff lo <= j < hi; other keys get weight exactly 0. The scale is 1/sqrt(D) unless given.
   out[b,h,i] = sum_j p_ij v_j with p_ij = exp(s_ij - m_i) / l_i over valid j, where
   s = scale * q.k, m_i = max over valid j of s_ij, l_i = sum over valid j of exp(s_ij - m_i).
-  With return_stats: (out, acc, m, l) where acc = l * out (the unnormalized weighted sum),
-  m and l [B, H, Sq] in float32, so partials over disjoint key sets merge exactly (merge_partials).
-  An empty interval gives out = acc = 0, m = -inf, l = 0 (never NaN).
+  With return_stats: (out, lse) where lse [B, H, Sq] float32 = m_i + log(l_i), the log-sum-exp
+  of the valid scores (what fused flash / memory-efficient kernels return), so partials over
+  disjoint key sets merge exactly (merge_partials).
+  An empty interval gives out = 0, lse = -inf (never NaN).
 
-The bound is a tensor and there is no data-dependent Python control flow, so one exported
+This file is the oracle; attention_fused.py is what compiled programs call. The bound is a tensor and there is no data-dependent Python control flow, so one exported
 program serves every bound.
 """
 from __future__ import annotations
@@ -35,15 +36,17 @@ def bounded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo: tor
     acc = torch.matmul(p, v.float())
     out = acc / torch.where(l > 0, l, torch.ones_like(l)).unsqueeze(-1)
     if return_stats:
-        return out.to(q.dtype), acc, m, l
+        lse = torch.where(l > 0, m_safe + torch.log(torch.where(l > 0, l, torch.ones_like(l))),
+                          torch.full_like(l, float("-inf")))
+        return out.to(q.dtype), lse
     return out.to(q.dtype)
 
 
 def merge_partials(parts):
-    """Combine `(acc, m, l)` partials over disjoint key sets into the normalized output (float32)."""
-    ms = torch.stack([m for _, m, _ in parts])
-    m = ms.amax(dim=0)
-    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    acc = sum(a * torch.exp(mi - m_safe).unsqueeze(-1) for a, mi, _ in parts)
-    l = sum(li * torch.exp(mi - m_safe) for _, mi, li in parts)
-    return acc / torch.where(l > 0, l, torch.ones_like(l)).unsqueeze(-1)
+    """Combine `(out, lse)` partials over disjoint key sets into `(out, lse)` of their union
+    (out float32). Associative, so a ring can fold partials one at a time; all-empty -> (0, -inf)."""
+    lses = torch.stack([lse.float() for _, lse in parts])
+    lse = torch.logsumexp(lses, dim=0)  # all -inf -> -inf
+    lse_safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+    out = sum(o.float() * torch.exp(li.float() - lse_safe).unsqueeze(-1) for o, li in parts)
+    return out, lse

@@ -18,7 +18,7 @@ Modes:
              sequence for H/cp heads, inverse all-to-all; text outputs all-gathered over heads.
              Text outputs are bitwise identical across ranks.
 - ring:      local queries [visual shard, all text] vs text K/V once, then vs each visual K/V
-             shard as it circulates; partials merged by rescaling to a common max. Never holds
+             shard as it circulates; (out, lse) partials folded by merge_partials. Never holds
              more than two visual shards of K/V. Text outputs agree across ranks to float
              rounding only (each rank merges the shards in a different order).
 - gather_kv: all-gather visual K/V, local queries vs [all visual, text]. Text outputs bitwise
@@ -33,7 +33,8 @@ from __future__ import annotations
 import torch
 
 from difflet.parallel import comm
-from difflet.kernels.attention_ref import bounded_attention
+from difflet.kernels.attention_fused import bounded_attention
+from difflet.kernels.attention_ref import merge_partials
 
 MODES = ("ulysses", "ring", "gather_kv")
 
@@ -78,36 +79,21 @@ def ulysses(q_vis, k_vis, v_vis, q_txt, k_txt, v_txt, valid_text, group, report=
     return out_vis, out_txt
 
 
-def _merge(run, part):
-    """Fold partial (acc, m, l) into the running one: rescale both to the common max, add."""
-    if run is None:
-        return part
-    acc0, m0, l0 = run
-    acc1, m1, l1 = part
-    m = torch.maximum(m0, m1)
-    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # both empty: no NaN
-    a0, a1 = torch.exp(m0 - m_safe), torch.exp(m1 - m_safe)
-    return acc0 * a0.unsqueeze(-1) + acc1 * a1.unsqueeze(-1), m, l0 * a0 + l1 * a1
-
-
 def ring(q_vis, k_vis, v_vis, q_txt, k_txt, v_txt, valid_text, group, report=None):
     """Joint attention with local queries and circulating visual K/V (see module docstring)."""
     n = comm.size(group)
     vl = q_vis.shape[2]
     q = torch.cat([q_vis, q_txt], dim=2)
     lo, hi = _bounds(valid_text, 0, q)
-    _, acc, m, l = bounded_attention(q, k_txt, v_txt, lo, hi, return_stats=True)
-    run = (acc, m, l)
+    run = bounded_attention(q, k_txt, v_txt, lo, hi, return_stats=True)
     kv = torch.stack([k_vis, v_vis])  # one rotation moves both
     full = _bounds(torch.zeros((), dtype=torch.int64), vl, q)  # every visual key is valid
     for step in range(n):
         nxt = comm.rotate(kv, group) if step + 1 < n else None  # in flight while we compute
         _note(report, _nbytes(k_txt, v_txt, kv) + (_nbytes(kv) if nxt is not None else 0))
-        _, acc, m, l = bounded_attention(q, kv[0], kv[1], *full, return_stats=True)
-        run = _merge(run, (acc, m, l))
+        run = merge_partials([run, bounded_attention(q, kv[0], kv[1], *full, return_stats=True)])
         kv = comm.wait(nxt) if nxt is not None else None
-    acc, _, l = run
-    out = (acc / torch.where(l > 0, l, torch.ones_like(l)).unsqueeze(-1)).to(q.dtype)
+    out = run[0].to(q.dtype)
     return out[:, :, :vl], out[:, :, vl:]
 
 
