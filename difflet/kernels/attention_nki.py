@@ -14,10 +14,10 @@ What the adapter adds (all plain torch, run on CPU by tests/test_neuron_attentio
 torch stand-in for the kernel; on a trn2 host the same tests run the real kernel):
 - q is pre-scaled and the kernel gets scale=1.0 (the bounded path is tested upstream that way);
 - Sq is padded to a multiple of 128 with zero queries, whose rows are dropped afterwards;
-- `kernel_stats` turns (out, neg_max, recip) into the contract's (out, acc, m, l) — the one place
-  that knows the kernel's statistics currency, so a change of either side is one edit;
-- an empty interval gives the contract's zeros (m = -inf, l = 0): the kernel fills masked
-  scores with a large finite negative number, so its stats for an empty row are not zeros.
+- `kernel_stats` turns (out, neg_max, recip) into the contract's (out, lse), lse = m + log(l) —
+  the one place that knows the kernel's statistics currency, so a change of either side is one edit;
+- an empty interval gives the contract's values (out = 0, lse = -inf): the kernel fills masked
+  scores with a large finite negative number, so its stats for an empty row are not those.
 No data-dependent control flow: the empty-interval fix is a `torch.where` on the bounds.
 """
 from __future__ import annotations
@@ -58,17 +58,16 @@ def kernel_bounds(lo: torch.Tensor, hi: torch.Tensor, rows: int, batch: int | No
 
 
 def kernel_stats(out: torch.Tensor, neg_max: torch.Tensor, recip: torch.Tensor, normalized: bool,
-                 sq: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                 sq: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Kernel (out [BH, Sq_pad, D], neg_max/recip [BH, TILE, Sq_pad/TILE]) -> contract float32
-    (out, acc, m, l) over the first `sq` rows, [BH, sq, ...]. `normalized`: whether `out` was
-    divided by the row sum (skip_output_normalization=False)."""
+    (out, lse) over the first `sq` rows, [BH, sq, ...]. `normalized`: whether `out` was divided
+    by the row sum (skip_output_normalization=False)."""
     bh = out.shape[0]
     m = (-neg_max.float()).transpose(1, 2).reshape(bh, -1)[:, :sq]
     l = torch.reciprocal(recip.float()).transpose(1, 2).reshape(bh, -1)[:, :sq]
     o = out.float()[:, :sq]
-    acc = o * l.unsqueeze(-1) if normalized else o
-    norm = o if normalized else acc / torch.where(l > 0, l, torch.ones_like(l)).unsqueeze(-1)
-    return norm, acc, m, l
+    norm = o if normalized else o / torch.where(l > 0, l, torch.ones_like(l)).unsqueeze(-1)
+    return norm, m + torch.log(l)
 
 
 def bounded_attention_nki(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo: torch.Tensor,
@@ -77,7 +76,8 @@ def bounded_attention_nki(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo:
                           skip_normalization: bool = True):
     """The contract of attention_ref.bounded_attention, computed by `kernel` (default: NKI's
     attention_cte[2]). `batched_bounds`: the kernel release takes bounds [BH, Sq, 1];
-    `skip_normalization`: the release has skip_output_normalization (else acc = out * l)."""
+    `skip_normalization`: the release has skip_output_normalization (the output is then divided
+    by the row sum here)."""
     kernel = kernel or nki_kernel()
     b, h, sq, d = q.shape
     scale = 1.0 / math.sqrt(d) if scale is None else scale
@@ -86,13 +86,12 @@ def bounded_attention_nki(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo:
     extra = {"skip_output_normalization": True} if skip_normalization else {}
     out, neg_max, recip = kernel(qk, kt, vk, scale=1.0, causal_mask=False, tp_q=True, tp_k=False,
                                  tp_out=False, cache_softmax=True, bound_min=bmin, bound_max=bmax, **extra)
-    norm, acc, m, l = kernel_stats(out, neg_max, recip, not skip_normalization, sq)
+    norm, lse = kernel_stats(out, neg_max, recip, not skip_normalization, sq)
     empty = hi <= lo  # the kernel's finite mask fill gives no zeros here: the contract's values instead
-    norm, acc = torch.where(empty, torch.zeros_like(norm), norm), torch.where(empty, torch.zeros_like(acc), acc)
-    m = torch.where(empty, torch.full_like(m, float("-inf")), m)
-    l = torch.where(empty, torch.zeros_like(l), l)
+    norm = torch.where(empty, torch.zeros_like(norm), norm)
+    lse = torch.where(empty, torch.full_like(lse, float("-inf")), lse)
     shape = (b, h, sq)
     out4 = norm.reshape(*shape, d).to(q.dtype)
     if return_stats:
-        return out4, acc.reshape(*shape, d), m.reshape(shape), l.reshape(shape)
+        return out4, lse.reshape(shape)
     return out4
