@@ -20,7 +20,7 @@ from difflet.runtime import client as grpc_client
 from difflet.runtime.demo import stop_server
 from difflet.runtime.http.content import ContentStore
 from http_util import call, call_json, sse, start_http_server
-from oracle_util import compile_art, random_checkpoint
+from oracle_util import compile_art, psnr, random_checkpoint
 
 PROMPT = "a red fox running through the snow"
 FRAMES, SIZE, FPS = 9, 32, 16.0  # models/wan2.1-tiny.dsl's profile; WanPipeline's 16 fps
@@ -128,7 +128,13 @@ def test_the_openai_package_video_routes(server):
     done = oai.videos.retrieve(job.id)
     assert (last["status"], done.status, done.progress) == ("completed", "completed", 100)
     mp4 = oai.videos.download_content(job.id).content
-    assert mp4 == grpc_client.generate(grpc_address, PROMPT, 9, steps=2, timeout=300).mp4
+    # Same program and inputs in two requests; under heavy CPU load one CI run saw the MP4 bytes
+    # differ (float kernels scheduled differently, then H.264 re-decides blocks), so the decoded
+    # frames are compared by PSNR: >= 40 dB per frame, where another seed scores ~10 dB.
+    got, _ = decode(mp4)
+    want, _ = decode(grpc_client.generate(grpc_address, PROMPT, 9, steps=2, timeout=300).mp4)
+    assert got.shape == want.shape
+    assert min(psnr(g, w) for g, w in zip(got, want)) >= 40.0
     assert job.id in [v.id for v in oai.videos.list().data]
     assert oai.videos.delete(job.id).deleted
     with pytest.raises(openai.NotFoundError):

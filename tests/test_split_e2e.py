@@ -90,7 +90,7 @@ def test_only_the_denoiser_is_split_and_encoders_compile_once(runs):
     # encoders and the VAE are world-1 (replicated placement): one program each, run in this process
     for name in ("text_encoder", "text_encoder_2", "vae"):
         assert not isinstance(programs[name], SplitProgram)
-    manifest = runs["tp2cp2"]["codegen"].manifest["components"]
+    manifest = runs["tp2cp2"]["codegen"].manifest.components
     assert [len(manifest[n].ranks) for n in ("text_encoder", "text_encoder_2", "vae")] == [1, 1, 1]
 
 
