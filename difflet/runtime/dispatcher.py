@@ -18,6 +18,7 @@ Invariants:
 from __future__ import annotations
 
 import itertools
+import queue
 import threading
 import time
 from collections import deque
@@ -106,6 +107,22 @@ class Dispatcher:
             self._active[job.request_id] = job
             self._dispatch()
             return job
+
+    def events(self, job: Job):
+        """Yield `job`'s events up to (not including) its "end" marker, expiring it when its
+        deadline passes while we wait; `finish()` always queues "end" after the last event."""
+        while True:
+            timeout = None if job.deadline is None else job.deadline - time.monotonic()
+            if timeout is not None and timeout <= 0:  # events keep coming; check the clock too
+                self.expire(job)  # no-op if answered; either way "end" is queued
+                timeout = None
+            try:
+                event = job.events.get(timeout=timeout)
+            except queue.Empty:
+                continue
+            if event[0] == "end":
+                return
+            yield event
 
     def expire(self, job: Job) -> None:
         self.cancel(job, "deadline", "the request deadline passed")

@@ -17,7 +17,6 @@ Invariants:
 from __future__ import annotations
 
 import logging
-import queue
 import time
 from typing import Callable
 
@@ -117,17 +116,7 @@ class DiffletServicer(pb_grpc.DiffletServicer):
 
     def GenerateStream(self, request: pb.GenerateRequest, context: grpc.ServicerContext):
         job, truncated = self._admit(request, context)
-        while True:  # every event up to "end" is shown: finish() puts "end" after the last progress
-            timeout = None if job.deadline is None else job.deadline - time.monotonic()
-            if timeout is not None and timeout <= 0:  # events keep coming; check the clock too
-                self.dispatcher.expire(job)  # no-op if answered; either way "end" is queued
-                timeout = None
-            try:
-                event = job.events.get(timeout=timeout)
-            except queue.Empty:
-                continue
-            if event[0] == "end":
-                break
+        for event in self.dispatcher.events(job):  # every event up to "end" is shown
             if event[0] == "queued":
                 yield pb.GenerateEvent(queued=pb.Queued(request_id=job.request_id, position=event[1]))
             elif event[0] == "progress":

@@ -250,17 +250,7 @@ class Handler(VideoRoutes, BaseHTTPRequestHandler):
         self.end_headers()
         self.close_connection = True
         try:
-            while True:
-                remaining = None if job.deadline is None else job.deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    self.api.dispatcher.expire(job)
-                    remaining = None
-                try:
-                    event = job.events.get(timeout=remaining)
-                except Exception:  # queue.Empty at the deadline: loop to expire
-                    continue
-                if event[0] == "end":
-                    break
+            for event in self.api.dispatcher.events(job):
                 if event[0] == "progress":
                     self._sse({"type": "image_generation.progress", "step": event[1],
                                "total": event[2], "cached": event[3]})

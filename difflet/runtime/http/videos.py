@@ -14,7 +14,6 @@ Invariants:
 """
 from __future__ import annotations
 
-import queue
 import secrets
 import threading
 import time
@@ -103,17 +102,7 @@ class VideoJobs:
     # ---- the watcher
     def _watch(self, video: VideoJob) -> None:
         job = video.job
-        while True:
-            timeout = None if job.deadline is None else job.deadline - time.monotonic()
-            if timeout is not None and timeout <= 0:
-                self.dispatcher.expire(job)  # no-op if answered; either way "end" is queued
-                timeout = None
-            try:
-                event = job.events.get(timeout=timeout)
-            except queue.Empty:
-                continue
-            if event[0] == "end":
-                break
+        for event in self.dispatcher.events(job):
             if event[0] == "progress":
                 _, step, total, _, _ = event
                 self._update(video, status="in_progress", progress=min(99, step * 100 // max(1, total)))
