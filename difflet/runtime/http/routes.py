@@ -243,12 +243,7 @@ class Handler(VideoRoutes, BaseHTTPRequestHandler):
         if opts["n"] != 1:
             raise bad_field("n", "stream: true serves one image per request")
         job = self._submit(fields, self.api.new_id("img"), timeout)
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-store")
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.close_connection = True
+        self._begin_sse()
         try:
             for event in self.api.dispatcher.events(job):
                 if event[0] == "progress":
@@ -260,6 +255,15 @@ class Handler(VideoRoutes, BaseHTTPRequestHandler):
                 self._sse({"type": "error", **from_job(job.code, job.message).body()})
         except (BrokenPipeError, ConnectionResetError):
             self.api.dispatcher.cancel(job, "cancelled", "the client disconnected")
+
+    def _begin_sse(self) -> None:
+        """A 200 Server-Sent Events reply that ends with the connection."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
 
     def _sse(self, obj) -> None:
         self.wfile.write(f"data: {json.dumps(obj)}\n\n".encode())

@@ -42,12 +42,7 @@ class VideoRoutes:
         """Server-Sent Events: the job object at every change, until completed/failed/deleted."""
         videos = self.api.videos
         video = videos.get(video_id)
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-store")
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.close_connection = True
+        self._begin_sse()
         version = -1
         while True:
             seen = video.version
