@@ -1,3 +1,19 @@
-"""Difflet: a compiler-style serving engine for diffusion transformers."""
+"""Difflet: a compiler-style serving engine for diffusion transformers.
+
+`from difflet import DiffletPipeline, Client` (loaded on first use: `import difflet` stays
+torch-free, as the API process needs).
+"""
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name in ("DiffletPipeline", "DiffletPipelineOutput"):
+        from difflet import pipeline
+
+        return getattr(pipeline, name)
+    if name == "Client":
+        from difflet.runtime.client import Client
+
+        return Client
+    raise AttributeError(f"module 'difflet' has no attribute {name!r}")

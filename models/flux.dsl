@@ -1,6 +1,8 @@
-# black-forest-labs/FLUX.1-dev at real size (FluxPipeline). Configs are inline, so this lowers
-# without weights; codegen reads the weights from the same diffusers-format subfolders.
-# VAE is 8x spatial with 16 latent channels packed 2x2: one token per 16x16 pixels, so
+# black-forest-labs/FLUX.1-dev at real size (FluxPipeline). Every config comes from the
+# checkpoint (`difflet lower --weights DIR`), so this serves any checkpoint of these classes (a
+# fine-tune of other dimensions too); without weights it lowers with FLUX.1-dev's configs, the
+# `default` blocks. Shapes follow the configs: the VAE is 2**(len(block_out_channels) - 1) x
+# spatial and latents are packed 2x2, so FLUX.1-dev has one token per 16x16 pixels:
 # 1024x1024 -> 4096 visual tokens of 64 channels, joined with 512 T5 tokens (text first).
 
 model flux family flux
@@ -22,7 +24,7 @@ runtime step: int64 in [0, steps - 1] default 0 doc "index of the current denois
 
 # openai/clip-vit-large-patch14, text tower
 encoder text_encoder = transformers.CLIPTextModel from "text_encoder" {
-    config {
+    config from checkpoint default {
         vocab_size: 49408, hidden_size: 768, intermediate_size: 3072
         num_hidden_layers: 12, num_attention_heads: 12, max_position_embeddings: 77
         projection_dim: 768, hidden_act: "quick_gelu", layer_norm_eps: 0.00001
@@ -31,12 +33,12 @@ encoder text_encoder = transformers.CLIPTextModel from "text_encoder" {
     dtype dtype
     tokenizer transformers.PreTrainedTokenizerFast from "tokenizer" max_length clip_len
     input  input_ids: int64[1, clip_len]
-    output pooled: dtype[1, 768] select "pooler_output"
+    output pooled: dtype[1, text_encoder.hidden_size] select "pooler_output"
 }
 
 # google/t5-v1_1-xxl, encoder only
 encoder text_encoder_2 = transformers.T5EncoderModel from "text_encoder_2" {
-    config {
+    config from checkpoint default {
         vocab_size: 32128, d_model: 4096, d_ff: 10240, d_kv: 64, num_layers: 24, num_heads: 64
         relative_attention_num_buckets: 32, relative_attention_max_distance: 128
         feed_forward_proj: "gated-gelu", layer_norm_epsilon: 0.000001, dropout_rate: 0.1
@@ -45,37 +47,43 @@ encoder text_encoder_2 = transformers.T5EncoderModel from "text_encoder_2" {
     dtype dtype
     tokenizer transformers.PreTrainedTokenizerFast from "tokenizer_2" max_length max_text
     input  input_ids: int64[1, max_text]
-    output prompt_embeds: dtype[1, max_text, 4096] select "last_hidden_state"
+    output prompt_embeds: dtype[1, max_text, text_encoder_2.d_model] select "last_hidden_state"
 }
 
 # 19 double-stream + 38 single-stream blocks, 24 heads x 128
 denoiser transformer = diffusers.FluxTransformer2DModel from "transformer" {
-    config {
+    config from checkpoint default {
         patch_size: 1, in_channels: 64, num_layers: 19, num_single_layers: 38
         attention_head_dim: 128, num_attention_heads: 24, joint_attention_dim: 4096
         pooled_projection_dim: 768, guidance_embeds: true, axes_dims_rope: [16, 56, 56]
     }
     dtype dtype
-    input hidden_states:         dtype[1, (height / 16) * (width / 16), 64]
-    input encoder_hidden_states: dtype[1, max_text, 4096]
-    input pooled_projections:    dtype[1, 768]
+    # visual tokens: pixels / (VAE scale 2**(len - 1) * pack 2), per side
+    input hidden_states: dtype[1, (height / 2 ** len(vae.block_out_channels))
+                                  * (width / 2 ** len(vae.block_out_channels)), transformer.in_channels]
+    input encoder_hidden_states: dtype[1, max_text, transformer.joint_attention_dim]
+    input pooled_projections:    dtype[1, transformer.pooled_projection_dim]
     input timestep:              dtype[1]
-    input img_ids:               dtype[(height / 16) * (width / 16), 3]
+    input img_ids: dtype[(height / 2 ** len(vae.block_out_channels))
+                         * (width / 2 ** len(vae.block_out_channels)), 3]
     input txt_ids:               dtype[max_text, 3]
     input guidance:              float32[1]   # the pipeline builds it in fp32
     input valid_text: runtime valid_text
-    output sample: dtype[1, (height / 16) * (width / 16), 64] select 0
+    output sample: dtype[1, (height / 2 ** len(vae.block_out_channels))
+                            * (width / 2 ** len(vae.block_out_channels)), transformer.in_channels] select 0
 
     # one softmax over [text, visual]; no mask in the reference (padding is attended)
     attention "transformer_blocks.*.attn": joint
-        heads 24 head_dim 128 order (text, visual) text_mask false valid valid_text
+        heads transformer.num_attention_heads head_dim transformer.attention_head_dim
+        order (text, visual) text_mask false valid valid_text
     attention "single_transformer_blocks.*.attn": joint
-        heads 24 head_dim 128 order (text, visual) text_mask false valid valid_text
+        heads transformer.num_attention_heads head_dim transformer.attention_head_dim
+        order (text, visual) text_mask false valid valid_text
 }
 
 # the SD3 VAE with FLUX's scaling/shift, no quant convs
 decoder vae = diffusers.AutoencoderKL from "vae" {
-    config {
+    config from checkpoint default {
         in_channels: 3, out_channels: 3
         down_block_types: ["DownEncoderBlock2D", "DownEncoderBlock2D", "DownEncoderBlock2D", "DownEncoderBlock2D"]
         up_block_types: ["UpDecoderBlock2D", "UpDecoderBlock2D", "UpDecoderBlock2D", "UpDecoderBlock2D"]
@@ -86,7 +94,8 @@ decoder vae = diffusers.AutoencoderKL from "vae" {
     }
     entry decode
     dtype dtype
-    input  z: dtype[1, 16, height / 8, width / 8]
+    input  z: dtype[1, vae.latent_channels, height / 2 ** (len(vae.block_out_channels) - 1),
+                    width / 2 ** (len(vae.block_out_channels) - 1)]
     output sample: dtype[1, 3, height, width] select "sample"
 }
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from difflet.errors import DiffletError
 from difflet.codegen.family import family_hooks
+from difflet.frontend.checkpoint_config import same_value
 from difflet.ir.nodes import Attrs, Module, Node, Op, thaw
 
 # Bump when materialize_checkpoint writes something different for the same inputs (store key).
@@ -187,17 +188,6 @@ def materialize_checkpoint(module: Module, seed: int, dest: str | os.PathLike) -
     return dest
 
 
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(b, dict):  # a nested config (text_config: {...}): the keys the IR states must agree
-        a = a.to_dict() if hasattr(a, "to_dict") else a
-        return isinstance(a, dict) and all(k in a and _same(a[k], v) for k, v in b.items())
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    if isinstance(a, float) or isinstance(b, float):
-        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and abs(a - b) <= 1e-9 * max(1.0, abs(a))
-    return a == b
-
-
 def load_component(node: Node, ckpt_dir: str | os.PathLike):
     """`Class.from_pretrained(ckpt_dir, subfolder=...)` in the node's dtype, in eval mode.
 
@@ -237,9 +227,10 @@ _ABSENT = object()
 def _check_config(node: Node, stated: Attrs, lookup, path: Path) -> None:
     for key, want in stated.to_python().items():
         have = lookup(key)
-        if have is not _ABSENT and not _same(have, want):
+        if have is not _ABSENT and not same_value(have, want):
             raise DiffletError(f"checkpoint config disagrees with the IR for component {node.name!r}: "
-                               f"{key} is {have!r} in the checkpoint, {want!r} in the IR",
+                               f"{key} is {have!r} in the checkpoint, {want!r} in the IR (a description "
+                               "with `config from checkpoint` takes it: `difflet lower --weights DIR`)",
                                where=path / "config.json")
 
 

@@ -1,10 +1,11 @@
 """The frontend: model-description DSL (grammars/difflet.lark) -> AST -> pipeline IR.
 
-Entry point: `difflet.frontend.lower.lower_file(path, overrides=None) -> Module` (CLI
-`difflet lower FILE.dsl [--profile k=v,...] [-o OUT.ir]`). Modules, one idea each:
-parse.py (text -> ast.py dataclasses), profile.py (defaults + overrides), shapes.py
+Entry point: `difflet.frontend.lower.lower_file(path, overrides=None, weights=None) -> Module`
+(CLI `difflet lower FILE.dsl [--profile k=v,...] [--weights DIR] [-o OUT.ir]`). Modules, one idea
+each: parse.py (text -> ast.py dataclasses), profile.py (defaults + overrides), shapes.py
 (expression evaluation, dtypes), classes.py (class lookup, meta-device parameter counts),
-checks.py (shapes vs configs and profile), lower.py (AST -> IR), commands.py (CLI).
+checkpoint_config.py (configs read from a checkpoint's config.json files), checks.py (shapes vs
+configs and profile), lower.py (AST -> IR), commands.py (CLI).
 
 The DSL in one screen (see models/flux.dsl for a full example):
 
@@ -12,7 +13,8 @@ The DSL in one screen (see models/flux.dsl for a full example):
     profile { height = 1024  dtype = bfloat16 ... }          # overridable defaults
     runtime NAME: int64 in [LO, HI] default EXPR [doc "..."]  # crosses in per request/step
     ROLE NAME = diffusers.Class from "subfolder" {            # ROLE: encoder|denoiser|decoder
-        config { key: value, ... }  |  config from checkpoint
+        config { key: value, ... }   # stated: --weights must agree
+        | config from checkpoint [default { key: value, ... }]  # --weights' config.json, else default
         entry METHOD                 # default forward
         dtype DTYPE_OR_PROFILE_NAME  # default: the profile's `dtype`
         tokenizer transformers.Class from "subfolder" max_length EXPR   # encoders
@@ -24,6 +26,7 @@ The DSL in one screen (see models/flux.dsl for a full example):
     schedule { family.step(component, ...) { key: value, ... } ... }
 
 Values: numbers, "strings", true/false/null, [lists], { maps }, `pkg.Class { config }`
-(-> {class, config}), and integer expressions over profile parameters with + - * / // **
-and parentheses, where `/` must divide exactly.
+(-> {class, config}), and integer expressions over profile parameters and component configs
+(`vae.latent_channels`, `len(vae.block_out_channels)`) with + - * / // ** and parentheses,
+where `/` must divide exactly. Config values themselves refer to neither.
 """

@@ -52,7 +52,25 @@ class Neg:
     span: Span
 
 
-Expr = Union[Num, Ref, BinOp, Neg]
+@dataclass(frozen=True)
+class ConfigRef:
+    """`component.key`: a key of a component's config (inline, default or from the checkpoint)."""
+
+    component: str
+    key: str
+    span: Span
+
+
+@dataclass(frozen=True)
+class Call:
+    """`len(expr)`: the only function; it counts the items of a list-valued config key."""
+
+    func: str
+    arg: "Expr"
+    span: Span
+
+
+Expr = Union[Num, Ref, BinOp, Neg, ConfigRef, Call]
 
 
 # ---- values (configs, step parameters, profile literals)
@@ -102,7 +120,7 @@ class ClassObject:
     span: Span
 
 
-Value = Union[Num, Ref, BinOp, Neg, Lit, Word, ListV, MapV, ClassObject]
+Value = Union[Num, Ref, BinOp, Neg, ConfigRef, Call, Lit, Word, ListV, MapV, ClassObject]
 
 
 # ---- declarations
@@ -179,7 +197,11 @@ class Setting:
 
 @dataclass(frozen=True)
 class ComponentDecl:
-    """`<role> <name> = <class> from "<subfolder>" { ... }`; `config` None = from checkpoint."""
+    """`<role> <name> = <class> from "<subfolder>" { ... }`.
+
+    `config` is the written map: stated values (`config {...}`), the defaults used without
+    weights (`config from checkpoint default {...}`), or None (`config from checkpoint`).
+    """
 
     role: str
     name: str
@@ -187,6 +209,8 @@ class ComponentDecl:
     qualname_span: Span
     subfolder: str
     config: MapV | None
+    config_from_checkpoint: bool
+    config_span: Span
     settings: tuple[Setting, ...]
     tokenizer: TokenizerDecl | None
     inputs: tuple[InputDecl, ...]

@@ -1,4 +1,4 @@
-"""`difflet lower FILE.dsl [--profile k=v,...] [-o OUT.ir]`: the frontend's CLI command.
+"""`difflet lower FILE.dsl [--profile k=v,...] [--weights DIR] [-o OUT.ir]`: the frontend's CLI command.
 
 Invariant: torch is imported only inside the command body (via lowering's parameter counts);
 errors are DiffletErrors, which the CLI group prints as `error: file:line:col: ...`, exit 2.
@@ -12,14 +12,17 @@ import click
 @click.argument("dsl", type=click.Path(dir_okay=False))
 @click.option("--profile", "profile", default="", metavar="K=V[,K=V...]",
               help="Override profile parameters, e.g. height=1024,width=1024.")
+@click.option("--weights", default=None, metavar="DIR|hf:ORG/NAME",
+              help="Take `config from checkpoint` configs from this diffusers-format checkpoint "
+                   "(config.json files only) and check stated configs against it.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Write the binary IR here (default: print the text IR to stdout).")
-def lower(dsl: str, profile: str, output: str | None) -> None:
+def lower(dsl: str, profile: str, weights: str | None, output: str | None) -> None:
     """Lower a model description to pipeline IR for one serving profile."""
     from difflet.frontend.lower import lower_file
     from difflet.frontend.profile import parse_profile_arg
 
-    module = lower_file(dsl, parse_profile_arg(profile))
+    module = lower_file(dsl, parse_profile_arg(profile), weights)
     if output is None:
         from difflet.ir.text import print_module
 

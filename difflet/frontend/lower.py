@@ -5,6 +5,9 @@ Invariants:
   runtime nodes, component nodes (inputs, outputs, attention sites), one `schedule` of steps.
 - Every node carries the `Loc` of the DSL declaration it came from (path as given).
 - Every shape is fully static for the profile; only declared runtime values stay symbolic.
+- With `weights` (a checkpoint directory), `config from checkpoint` components take the
+  checkpoint's config.json and stated configs are checked against it; without, they take their
+  `default { ... }` (or have no config attr). Expressions see the resolved configs.
 - The result passes `difflet.ir.verify.verify`.
 """
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any
 
 from difflet.errors import DiffletError
 from difflet.frontend import ast, checks
+from difflet.frontend.checkpoint_config import CheckpointConfigs, resolve_checkpoint_dir
 from difflet.frontend.classes import ClassError, config_keys, count_params, resolve_class
 from difflet.frontend.parse import parse_text
 from difflet.frontend.profile import apply_overrides
@@ -28,32 +32,47 @@ ATTENTION_REQUIRED = {"joint": ("heads", "head_dim", "order", "text_mask", "vali
 ATTENTION_FIELDS = ("heads", "head_dim", "order", "text_mask", "valid")
 
 
-def lower_file(path: str | Path, overrides: dict[str, str] | None = None) -> Module:
-    """Parse and lower a `.dsl` file for the profile with `overrides` (CLI `--profile k=v`)."""
+def lower_file(path: str | Path, overrides: dict[str, str] | None = None, weights: str | None = None) -> Module:
+    """Parse and lower a `.dsl` file for the profile with `overrides` (CLI `--profile k=v`),
+    taking `config from checkpoint` configs from `weights` (CLI `--weights`) when given."""
     try:
         text = Path(path).read_text()
     except OSError as err:
         raise DiffletError(f"cannot read model description: {err.strerror}", where=str(path)) from None
-    return lower_text(text, str(path), overrides)
+    return lower_text(text, str(path), overrides, weights)
 
 
-def lower_text(text: str, path: str, overrides: dict[str, str] | None = None) -> Module:
+def lower_text(text: str, path: str, overrides: dict[str, str] | None = None,
+               weights: str | None = None) -> Module:
     """Like `lower_file`, for source already in memory; `path` is used in locations."""
     from difflet.ir.verify import verify
 
     src = Source(path, text)
     model = parse_text(text, path)
-    module = _Lowering(src, model, overrides or {}).module()
+    ckpt = CheckpointConfigs(resolve_checkpoint_dir(weights), src) if weights is not None else None
+    module = _Lowering(src, model, overrides or {}, ckpt).module()
     verify(module)
     return module
 
 
 class _Lowering:
-    def __init__(self, src: Source, model: ast.ModelDecl, overrides: dict[str, str]) -> None:
-        self.src, self.model = src, model
+    def __init__(self, src: Source, model: ast.ModelDecl, overrides: dict[str, str],
+                 ckpt: CheckpointConfigs | None = None) -> None:
+        self.src, self.model, self.ckpt = src, model, ckpt
         self.profile = apply_overrides(src, model, overrides)
-        self.ev = Evaluator(src, self.profile)
+        self.configs = {c.name: self.config(c) for c in model.components}
+        self.ev = Evaluator(src, self.profile, self.configs)
         self.runtimes: dict[str, RuntimeType] = {}
+
+    def config(self, c: ast.ComponentDecl) -> Attrs | None:
+        """The component's config: stated, from the checkpoint, its default, or None (unknown)."""
+        written = Evaluator(self.src, self.profile).map(c.config) if c.config is not None else None
+        if self.ckpt is None:
+            return written
+        if c.config_from_checkpoint:
+            return self.ckpt.config(c, self.resolve(c.qualname, c.qualname_span))
+        self.ckpt.check_stated(c, written)
+        return written
 
     def error(self, message: str, span: ast.Span) -> DiffletError:
         return self.src.error(message, span)
@@ -61,8 +80,8 @@ class _Lowering:
     def module(self) -> Module:
         m = self.model
         body = [self.runtime(r) for r in m.runtimes]
-        decoders = [c for c in m.components if c.role == "decoder" and c.config is not None]
-        self.decoder_cfg = self.ev.map(decoders[0].config) if decoders else None
+        decoders = [c for c in m.components if c.role == "decoder"]
+        self.decoder_cfg = self.configs[decoders[0].name] if decoders else None
         names: set[str] = set()
         for comp in m.components:
             if comp.name in names:
@@ -107,7 +126,7 @@ class _Lowering:
         if not callable(getattr(cls, entry[0], None)):
             raise self.error(f"{c.qualname} has no method {entry[0]!r}", entry[1])
         dtype = self.component_dtype(c, settings)
-        config = self.ev.map(c.config) if c.config is not None else None
+        config = self.configs[c.name]
         attrs: list[tuple[str, Any]] = [("role", c.role), ("class", c.qualname), ("subfolder", c.subfolder)]
         if config is not None:
             attrs.append(("config", config))
@@ -115,7 +134,8 @@ class _Lowering:
         if c.tokenizer is not None:
             attrs.append(("tokenizer", self.tokenizer(c)))
         if config is not None:
-            self.check_config_keys(cls, c)
+            if c.config is not None:
+                self.check_config_keys(cls, c)
             try:
                 counts = count_params(c.qualname, config)
             except ClassError as err:

@@ -56,6 +56,12 @@ class _ToAst(Transformer):
     def ref(self, meta, c):
         return ast.Ref(str(c[0]), _tok_span(c[0]))
 
+    def config_ref(self, meta, c):
+        return ast.ConfigRef(str(c[0]), str(c[1]), _span(meta))
+
+    def call(self, meta, c):
+        return ast.Call(str(c[0]), c[1], _span(meta))
+
     def word(self, meta, c):
         return ast.Word(str(c[0]), _tok_span(c[0]))
 
@@ -126,10 +132,10 @@ class _ToAst(Transformer):
                                _string(doc) if doc is not None else "", _span(meta))
 
     def config_inline(self, meta, c):
-        return ("config", c[0], _span(meta))
+        return ("config", c[0], _span(meta), False)
 
     def config_checkpoint(self, meta, c):
-        return ("config", None, _span(meta))
+        return ("config", c[0], _span(meta), True)
 
     def setting(self, meta, c):
         return ast.Setting(str(c[0]), str(c[1]), _span(meta))
@@ -184,6 +190,7 @@ class _ToAst(Transformer):
         return ast.ComponentDecl(
             role=str(role), name=str(name), qualname=qualname, qualname_span=qspan,
             subfolder=_string(subfolder), config=config[0][1],
+            config_from_checkpoint=config[0][3], config_span=config[0][2],
             settings=pick(ast.Setting), tokenizer=toks[0] if toks else None,
             inputs=pick(ast.InputDecl), outputs=pick(ast.OutputDecl),
             attentions=pick(ast.AttentionDecl), span=_span(meta))

@@ -3,6 +3,8 @@
 Invariants:
 - Integer `/` must divide exactly (a shape that silently truncates is a bug); `//` floors.
 - A name in an expression must be a profile parameter; anything else is an undefined name.
+- `comp.key` reads component comp's config; configs themselves may not refer to configs (an
+  Evaluator built without `configs`), so there is no evaluation order to get wrong.
 - Every error points at the offending expression (`file:line:col` + its source text).
 """
 from __future__ import annotations
@@ -38,11 +40,14 @@ class Source:
 
 
 class Evaluator:
-    """Evaluates expressions and values against a profile (`name -> int | float | str`)."""
+    """Evaluates expressions and values against a profile (`name -> int | float | str`) and,
+    when given, the component configs (`name -> Attrs`, or None: from a checkpoint not given)."""
 
-    def __init__(self, src: Source, profile: Mapping[str, Any]) -> None:
+    def __init__(self, src: Source, profile: Mapping[str, Any],
+                 configs: Mapping[str, Attrs | None] | None = None) -> None:
         self.src = src
         self.profile = profile
+        self.configs = configs
 
     def expr(self, e: ast.Expr) -> int | float:
         if isinstance(e, ast.Num):
@@ -59,7 +64,36 @@ class Evaluator:
             return -self.expr(e.operand)
         if isinstance(e, ast.BinOp):
             return self._binop(e)
+        if isinstance(e, ast.ConfigRef):
+            value = self.config_value(e)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                hint = "; len(...) counts a list" if isinstance(value, tuple) else ""
+                raise self.src.error(f"{e.component}.{e.key} is {_plain(value)!r}, not a number{hint}", e.span)
+            return value
+        if isinstance(e, ast.Call):
+            if e.func != "len":
+                raise self.src.error(f"unknown function {e.func!r} (the only one is len)", e.span)
+            value = self.config_value(e.arg) if isinstance(e.arg, ast.ConfigRef) else None
+            if not isinstance(value, tuple):
+                raise self.src.error("len(...) takes a list-valued config key, e.g. "
+                                     "len(vae.block_out_channels)", e.arg.span)
+            return len(value)
         raise self.src.error("expected a number expression", e.span)
+
+    def config_value(self, e: ast.ConfigRef) -> Any:
+        if self.configs is None:
+            raise self.src.error("a config value cannot refer to a component's config", e.span)
+        if e.component not in self.configs:
+            known = ", ".join(self.configs) or "none"
+            raise self.src.error(f"undefined component {e.component!r} (components: {known})", e.span)
+        config = self.configs[e.component]
+        if config is None:
+            raise self.src.error(f"component {e.component!r} takes its config from the checkpoint: lower "
+                                 "with --weights DIR, or give `config from checkpoint default { ... }`",
+                                 e.span)
+        if e.key not in config:
+            raise self.src.error(f"the config of component {e.component!r} has no key {e.key!r}", e.span)
+        return config[e.key]
 
     def int_expr(self, e: ast.Expr, what: str = "value") -> int:
         v = self.expr(e)
@@ -119,6 +153,8 @@ class Evaluator:
         return dims
 
 
+def _plain(value: Any) -> Any:
+    return value.to_python() if isinstance(value, Attrs) else list(value) if isinstance(value, tuple) else value
 
 
 def resolve_dtype(src: Source, name: str, profile: Mapping[str, Any], span: ast.Span) -> str:

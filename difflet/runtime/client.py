@@ -138,3 +138,35 @@ def wait_serving(server: str, timeout: float) -> None:
                 stream.cancel()
                 return
     raise RuntimeError(f"{server} closed its health stream before reporting SERVING")
+
+
+class Client:
+    """`difflet.Client("host:port").generate(prompt, ...)`: a served model, named as diffusers
+    names its call arguments. `generate` returns the GenerateReply (`png` or `mp4` bytes, seed,
+    steps, timings, truncation); `image(reply)` decodes a PNG reply to a PIL image."""
+
+    def __init__(self, server: str, *, api_key: str | None = None, tls_ca: str | None = None,
+                 timeout: float | None = None) -> None:
+        self.server, self.timeout = server, timeout
+        self._auth = {"api_key": api_key, "tls_ca": tls_ca}
+
+    def generate(self, prompt: str, negative_prompt: str | None = None, *, seed: int = 0,
+                 num_inference_steps: int | None = None, guidance_scale: float | None = None,
+                 height: int = 0, width: int = 0, cache: str = "", request_id: str = "") -> pb.GenerateReply:
+        return generate(self.server, prompt, seed, timeout=self.timeout, steps=num_inference_steps,
+                        guidance=guidance_scale, height=height, width=width, cache=cache,
+                        request_id=request_id, negative_prompt=negative_prompt, **self._auth)
+
+    def profile(self) -> pb.Profile:
+        return get_profile(self.server, self.timeout, **self._auth)
+
+    def cancel(self, request_id: str) -> pb.CancelReply:
+        return cancel(self.server, request_id, **self._auth)
+
+    @staticmethod
+    def image(reply: pb.GenerateReply):
+        import io
+
+        from PIL import Image
+
+        return Image.open(io.BytesIO(reply.png)).convert("RGB")

@@ -1,0 +1,198 @@
+"""`DiffletPipeline`: the diffusers-shaped Python API over lower -> opt -> codegen -> ModelRunner.
+
+    pipe = DiffletPipeline.from_pretrained("ckpt/", model="flux", height=768, width=1344)
+    image = pipe("a red fox in the snow", num_inference_steps=28, seed=0).images[0]
+
+Invariants:
+- Compile-time shapes (height, width, num_frames, max_sequence_length, dtype) and the parallel
+  layout are `from_pretrained` arguments; a call asking for another size is refused, naming the
+  argument and the compiled size. Steps, guidance, seed and prompts are per call.
+- Configs come from the checkpoint (`config from checkpoint` components) and programs from the
+  program store: a second `from_pretrained` of the same model, shapes and weights compiles
+  nothing and rewrites nothing (the artifact directory is keyed by the planned programs and
+  the weight files' sizes and times).
+- The model runs in this process (ModelRunner); `close()` (or `with`) stops split rank workers.
+- `num_images_per_prompt=n` generates with seeds seed, seed+1, ..., seed+n-1 (one request each),
+  so image i equals a single call with seed+i; diffusers instead draws one batched noise tensor.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from difflet.errors import DiffletError
+
+REPO = Path(__file__).resolve().parent.parent
+MODELS_DIR = REPO / "models"
+# diffusers' argument names -> the request fields they set (errors are reported by the former)
+ARGUMENT_OF_FIELD = {"steps": "num_inference_steps", "guidance": "guidance_scale", "frames": "num_frames"}
+_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
+
+
+@dataclass
+class DiffletPipelineOutput:
+    """`.images` (PIL, or float arrays in [0, 1] with output_type="np") for image models,
+    `.frames` (one list of PIL frames, or one [F, H, W, 3] array, per video) for video models;
+    `.seeds` and the raw `.results` (PNG/MP4 bytes, timings, step-cache stats) for each output."""
+
+    images: list = field(default_factory=list)
+    frames: list = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)
+    results: list = field(default_factory=list)
+
+
+def model_description(model: str | Path) -> Path:
+    """A model name (`flux`, `wan2.1-tiny`: models/NAME.dsl) or a path to a .dsl file."""
+    path = Path(model)
+    if path.suffix == ".dsl" or path.is_file():
+        if not path.is_file():
+            raise DiffletError("model description does not exist", where=str(path))
+        return path
+    named = MODELS_DIR / f"{model}.dsl"
+    if not named.is_file():
+        known = ", ".join(sorted(p.stem for p in MODELS_DIR.glob("*.dsl")))
+        raise DiffletError(f"unknown model {str(model)!r} (one of {known}, or a .dsl path)", where="model")
+    return named
+
+
+def _dtype_name(dtype: Any) -> str:
+    name = str(dtype).removeprefix("torch.")
+    return _DTYPE_NAMES.get(name, name)
+
+
+def _weights_fingerprint(weights: str) -> str:
+    """Sizes and modification times of the checkpoint's files (cheap; a changed file changes it)."""
+    root = Path(weights)
+    if not root.is_dir():
+        return weights  # random:SEED and hf:ORG/NAME name their contents
+    stats = sorted((str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns)
+                   for p in root.rglob("*") if p.is_file())
+    return hashlib.sha256(json.dumps([str(root.resolve()), stats]).encode()).hexdigest()
+
+
+class DiffletPipeline:
+    """One compiled model, loaded in this process; call it like a diffusers pipeline."""
+
+    def __init__(self, runner, art: Path | None = None) -> None:
+        self.runner, self.art = runner, art
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | Path, *, model: str | Path,
+                        height: int | None = None, width: int | None = None,
+                        num_frames: int | None = None, max_sequence_length: int | None = None,
+                        dtype: Any = None, parallel: str = "tp1", attention: str | None = None,
+                        backend: str = "inductor", target: str = "cpu", profile: dict | None = None,
+                        store: str | Path | None = None, cache: str = "off", verbose: bool = False,
+                        log: Callable[[str], Any] | None = None) -> "DiffletPipeline":
+        """Lower MODEL for these shapes with configs from the checkpoint, plan, compile (or reuse
+        from the store) and load. `pretrained_model_name_or_path`: a diffusers-format directory,
+        `hf:ORG/NAME` (local cache, offline) or `random:SEED` (configs from the description)."""
+        from difflet.codegen.driver import codegen
+        from difflet.codegen.manifest import MANIFEST
+        from difflet.codegen.store import default_store_dir
+        from difflet.frontend.lower import lower_file
+        from difflet.passes.pipeline import optimize
+
+        weights = str(pretrained_model_name_or_path)
+        overrides = {k: str(v) for k, v in (profile or {}).items()}
+        for key, value in (("height", height), ("width", width), ("frames", num_frames),
+                           ("max_text", max_sequence_length)):
+            if value is not None:
+                overrides[key] = str(int(value))
+        if dtype is not None:
+            overrides["dtype"] = _dtype_name(dtype)
+        dsl = model_description(model)
+        module = lower_file(dsl, overrides, None if weights.startswith("random:") else weights)
+        module = optimize(module, parallel=parallel, target=target, backend=backend, attention=attention)
+        keys = [c.attrs["cache_key"] for c in module.components()]
+        art_key = hashlib.sha256(json.dumps([keys, backend, _weights_fingerprint(weights)]).encode()).hexdigest()
+        store_root = Path(store) if store is not None else default_store_dir()
+        art = store_root / "pipelines" / art_key[:32]
+        if not (art / MANIFEST).is_file():  # the manifest is written last: present = complete
+            codegen(module, weights, art, backend=backend, store=store_root,
+                    log=log or (print if verbose else (lambda *a: None)), verbose=verbose)
+        return cls.from_artifacts(art, cache=cache)
+
+    @classmethod
+    def from_artifacts(cls, art: str | Path, cache: str = "off") -> "DiffletPipeline":
+        """Load a compiled ART directory (`difflet codegen -o ART`)."""
+        from difflet.runtime.runner import ModelRunner
+
+        return cls(ModelRunner.from_artifacts(art, cache=cache), Path(art))
+
+    @property
+    def profile(self) -> dict[str, Any]:
+        """The compiled serving profile (height, width, steps, guidance, max_text, dtype, ...)."""
+        return self.runner.profile
+
+    def __call__(self, prompt: str | list[str], negative_prompt: str | None = None, *,
+                 height: int | None = None, width: int | None = None, num_frames: int | None = None,
+                 num_inference_steps: int | None = None, guidance_scale: float | None = None,
+                 generator: Any = None, seed: int | None = None, num_images_per_prompt: int = 1,
+                 output_type: str = "pil", cache: str | None = None,
+                 callback: Callable[[int, int, bool], Any] | None = None) -> DiffletPipelineOutput:
+        """Generate for each prompt and image; `generator` (a torch.Generator) gives its seed.
+        `callback(step, total_steps, cached)` runs after every denoising step."""
+        if output_type not in ("pil", "np"):
+            raise DiffletError(f"output_type: {output_type!r} is not 'pil' or 'np'", where="output_type")
+        frames = self.profile.get("frames")
+        if num_frames is not None and num_frames != frames:
+            raise DiffletError(f"num_frames: {num_frames} does not match the compiled {frames} "
+                               "(from_pretrained(num_frames=...) compiles another)", where="num_frames")
+        if int(num_images_per_prompt) < 1:
+            raise DiffletError("num_images_per_prompt: must be >= 1", where="num_images_per_prompt")
+        base = seed if seed is not None else generator.initial_seed() if generator is not None \
+            else secrets.randbelow(2**63 - num_images_per_prompt)
+        out = DiffletPipelineOutput()
+        for text in ([prompt] if isinstance(prompt, str) else list(prompt)):
+            for i in range(int(num_images_per_prompt)):
+                params = self._params(prompt=text, negative_prompt=negative_prompt, seed=base + i,
+                                      steps=num_inference_steps, guidance=guidance_scale, height=height,
+                                      width=width, cache=cache)
+                result = self.runner.generate(params, on_step=callback)
+                out.seeds.append(params.seed)
+                out.results.append(result)
+                if result.video is None:
+                    out.images.append(_image(result.image, output_type))
+                else:
+                    out.frames.append(_video(result.video, output_type))
+        return out
+
+    def _params(self, **fields: Any):
+        try:
+            return self.runner.resolve(**fields)
+        except DiffletError as err:
+            name = ARGUMENT_OF_FIELD.get(str(err.where), err.where)
+            message = err.message.replace(f"{err.where}:", f"{name}:", 1)
+            if str(err.where) in ("height", "width"):
+                message += " (from_pretrained(height=, width=) compiles another)"
+            raise DiffletError(message, where=name) from None
+
+    def close(self) -> None:
+        self.runner.close()
+
+    def __enter__(self) -> "DiffletPipeline":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _image(array, output_type: str):
+    if output_type == "np":
+        return array.astype("float32") / 255.0
+    from PIL import Image
+
+    return Image.fromarray(array)
+
+
+def _video(array, output_type: str):
+    if output_type == "np":
+        return array.astype("float32") / 255.0
+    from PIL import Image
+
+    return [Image.fromarray(frame) for frame in array]

@@ -1,0 +1,113 @@
+# black-forest-labs/FLUX.1-schnell at real size (FluxPipeline): FLUX.1-dev's classes and
+# shapes (see models/flux.dsl), timestep-distilled: no guidance embedding, so one transformer pass
+# per step with no guidance input, 4 steps, T5 cut at 256 tokens, and a scheduler without
+# resolution-dependent shift. Configs come from the checkpoint (`difflet lower --weights DIR`);
+# the `default` blocks are FLUX.1-schnell's, used when lowering without weights.
+
+model flux_schnell family flux
+
+profile {
+    height   = 1024
+    width    = 1024
+    steps    = 4
+    guidance = 0.0      # no guidance embedding: requests' guidance is not used
+    max_text = 256      # FluxPipeline's max_sequence_length for schnell
+    clip_len = 77       # CLIP gives only the pooled vector
+    dtype    = bfloat16
+}
+
+runtime valid_text: int64 in [1, max_text] default max_text
+    doc "valid T5 text keys; FLUX attends its padding, so the default is the padded length"
+runtime seed: int64 in [0, 2**63 - 1] default 0 doc "initial-noise seed"
+runtime step: int64 in [0, steps - 1] default 0 doc "index of the current denoising step"
+
+# openai/clip-vit-large-patch14, text tower
+encoder text_encoder = transformers.CLIPTextModel from "text_encoder" {
+    config from checkpoint default {
+        vocab_size: 49408, hidden_size: 768, intermediate_size: 3072
+        num_hidden_layers: 12, num_attention_heads: 12, max_position_embeddings: 77
+        projection_dim: 768, hidden_act: "quick_gelu", layer_norm_eps: 0.00001
+        bos_token_id: 0, eos_token_id: 2, pad_token_id: 1
+    }
+    dtype dtype
+    tokenizer transformers.PreTrainedTokenizerFast from "tokenizer" max_length clip_len
+    input  input_ids: int64[1, clip_len]
+    output pooled: dtype[1, text_encoder.hidden_size] select "pooler_output"
+}
+
+# google/t5-v1_1-xxl, encoder only
+encoder text_encoder_2 = transformers.T5EncoderModel from "text_encoder_2" {
+    config from checkpoint default {
+        vocab_size: 32128, d_model: 4096, d_ff: 10240, d_kv: 64, num_layers: 24, num_heads: 64
+        relative_attention_num_buckets: 32, relative_attention_max_distance: 128
+        feed_forward_proj: "gated-gelu", layer_norm_epsilon: 0.000001, dropout_rate: 0.1
+        tie_word_embeddings: false, pad_token_id: 0, eos_token_id: 1, decoder_start_token_id: 0
+    }
+    dtype dtype
+    tokenizer transformers.PreTrainedTokenizerFast from "tokenizer_2" max_length max_text
+    input  input_ids: int64[1, max_text]
+    output prompt_embeds: dtype[1, max_text, text_encoder_2.d_model] select "last_hidden_state"
+}
+
+# 19 double-stream + 38 single-stream blocks, 24 heads x 128
+denoiser transformer = diffusers.FluxTransformer2DModel from "transformer" {
+    config from checkpoint default {
+        patch_size: 1, in_channels: 64, num_layers: 19, num_single_layers: 38
+        attention_head_dim: 128, num_attention_heads: 24, joint_attention_dim: 4096
+        pooled_projection_dim: 768, guidance_embeds: false, axes_dims_rope: [16, 56, 56]
+    }
+    dtype dtype
+    # visual tokens: pixels / (VAE scale 2**(len - 1) * pack 2), per side
+    input hidden_states: dtype[1, (height / 2 ** len(vae.block_out_channels))
+                                  * (width / 2 ** len(vae.block_out_channels)), transformer.in_channels]
+    input encoder_hidden_states: dtype[1, max_text, transformer.joint_attention_dim]
+    input pooled_projections:    dtype[1, transformer.pooled_projection_dim]
+    input timestep:              dtype[1]
+    input img_ids: dtype[(height / 2 ** len(vae.block_out_channels))
+                         * (width / 2 ** len(vae.block_out_channels)), 3]
+    input txt_ids:               dtype[max_text, 3]
+    input valid_text: runtime valid_text
+    output sample: dtype[1, (height / 2 ** len(vae.block_out_channels))
+                            * (width / 2 ** len(vae.block_out_channels)), transformer.in_channels] select 0
+
+    # one softmax over [text, visual]; no mask in the reference (padding is attended)
+    attention "transformer_blocks.*.attn": joint
+        heads transformer.num_attention_heads head_dim transformer.attention_head_dim
+        order (text, visual) text_mask false valid valid_text
+    attention "single_transformer_blocks.*.attn": joint
+        heads transformer.num_attention_heads head_dim transformer.attention_head_dim
+        order (text, visual) text_mask false valid valid_text
+}
+
+# the SD3 VAE with FLUX's scaling/shift, no quant convs
+decoder vae = diffusers.AutoencoderKL from "vae" {
+    config from checkpoint default {
+        in_channels: 3, out_channels: 3
+        down_block_types: ["DownEncoderBlock2D", "DownEncoderBlock2D", "DownEncoderBlock2D", "DownEncoderBlock2D"]
+        up_block_types: ["UpDecoderBlock2D", "UpDecoderBlock2D", "UpDecoderBlock2D", "UpDecoderBlock2D"]
+        block_out_channels: [128, 256, 512, 512], layers_per_block: 2, latent_channels: 16
+        norm_num_groups: 32, act_fn: "silu", sample_size: 1024
+        scaling_factor: 0.3611, shift_factor: 0.1159
+        use_quant_conv: false, use_post_quant_conv: false
+    }
+    entry decode
+    dtype dtype
+    input  z: dtype[1, vae.latent_channels, height / 2 ** (len(vae.block_out_channels) - 1),
+                    width / 2 ** (len(vae.block_out_channels) - 1)]
+    output sample: dtype[1, 3, height, width] select "sample"
+}
+
+schedule {
+    flux.encode_prompt(text_encoder, text_encoder_2)
+    flux.prepare_latents()
+    flux.denoise(transformer) {
+        # sigmas = linspace(1, 1/steps), no shift (the schnell scheduler config)
+        scheduler: diffusers.FlowMatchEulerDiscreteScheduler {
+            shift: 1.0, use_dynamic_shifting: false
+            base_shift: 0.5, max_shift: 1.15
+            base_image_seq_len: 256, max_image_seq_len: 4096
+        }
+        guidance: { mode: "none" }
+    }
+    flux.decode(vae)
+}
