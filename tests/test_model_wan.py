@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import REPO, shared_store_dir
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Op
-from oracle_util import compile_art, psnr, random_checkpoint
+from oracle_util import assert_images_close, compile_art, psnr, random_checkpoint
 
 WAN_TINY_DSL = REPO / "models" / "wan2.1-tiny.dsl"
 PROMPT = "a red fox running through the snow"
@@ -220,3 +220,15 @@ def test_real_size_dsl_fits_the_host_steps_and_the_real_vae():
     with torch.device("meta"):
         vae = AutoencoderKLWan.from_config(module.component(name).attrs["config"].to_python())
     assert len(WanChunkDecoder(vae, module.component(name)).slots) == 32
+
+
+def test_python_api_frames_match_wanpipeline(ckpt, pipe):
+    """`DiffletPipeline.from_pretrained(DIR, model=...)` on a video family: `.frames` per video."""
+    from difflet import DiffletPipeline
+
+    with DiffletPipeline.from_pretrained(ckpt, model="wan2.1-tiny", store=shared_store_dir()) as ours:
+        out = ours(PROMPT, num_inference_steps=2, guidance_scale=3.0, seed=9)
+        frames = np.stack([np.asarray(f) for f in out.frames[0]])
+        ref = reference_video(pipe, ours.profile, PROMPT, 9, 2, 3.0)
+    assert len(out.frames) == 1 and out.images == [] and frames.shape == ref.shape == (9, 32, 32, 3)
+    assert_images_close(frames, ref, "DiffletPipeline frames vs WanPipeline")

@@ -73,6 +73,18 @@ def test_served_image_matches_fluxpipeline(server, flux_tiny_ckpt, prompt, seed,
     assert min(reply.timings.encode_ms, reply.timings.denoise_ms, reply.timings.decode_ms) > 0
 
 
+def test_difflet_client_names_arguments_as_diffusers_does(server):
+    """`difflet.Client(...).generate` is the same Generate call as the module functions."""
+    import difflet
+
+    c = difflet.Client(server, timeout=300)
+    assert c.profile().height == 32
+    reply = c.generate("a cat on a box", seed=3, num_inference_steps=2, guidance_scale=1.0)
+    same = client.generate(server, "a cat on a box", 3, steps=2, guidance=1.0, timeout=300)
+    assert (reply.steps, reply.guidance) == (2, 1.0) and reply.png == same.png
+    assert np.array_equal(np.asarray(c.image(reply)), png_array(same.png))
+
+
 def test_repeated_requests_are_byte_identical(server):
     first = client.generate(server, "a cat on a box", 3, timeout=300).png
     other = client.generate(server, "a green tree", 4, steps=3, timeout=300).png
