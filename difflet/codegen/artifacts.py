@@ -5,7 +5,9 @@ Layout (manifest.json says the same as data; its structs are difflet/codegen/man
   module.ir                               the planned IR (difflet.ir.binary)
   programs/<name>.rank<r>.pt2             compiled programs, hard-linked from the store (one per
                                           rank, listed under the entry's "ranks"; the probe too)
-  weights/<name>.rank<r>.safetensors      each program's constants, from the checkpoint (presharded)
+  weights/<name>.rank<r>.safetensors      each program's constants, from the checkpoint (presharded);
+                                          a bucketed component's sizes share weights/<base>.rank0
+                                          and keep their own <name@size>.rank0.constants
   host/{tokenizer,tokenizer_2,scheduler}  what the host schedule needs, copied from the checkpoint
 
 Invariants:
@@ -93,6 +95,18 @@ class Artifacts:
     programs: dict[str, Program] = field(default_factory=dict)  # the schedule's components
     probe: Any = None  # the step-caching probe (a ProbeProgram), if the manifest has one
 
+    def sizes(self) -> list[tuple[str, Module, dict[str, Any]]]:
+        """(size, single-size module, programs by component name) per served size, default first;
+        a size-independent program is the same object in every size."""
+        from difflet.ir.buckets import SEP, views
+
+        out = []
+        for size, view in views(self.module):
+            progs = {c.name: self.programs.get(f"{c.name}{SEP}{size}", self.programs.get(c.name))
+                     for c in view.components()}
+            out.append((size, view, progs))
+        return out
+
 
 def eager_programs(module: Module, ckpt_dir: str | os.PathLike) -> dict[str, Program]:
     """The uncompiled program modules, one per component, with the same call convention as ART's."""
@@ -129,8 +143,10 @@ def _node_of(root: Path, module: Module, name: str, entry: Component) -> Node:
                        where=root / MANIFEST)
 
 
-def _load_entry(root: Path, manifest: Manifest, node: Node, name: str, entry: Component, verify: bool):
-    """One entry's loaded program, checked (cache key, every rank's files) when `verify`."""
+def _load_entry(root: Path, manifest: Manifest, node: Node, name: str, entry: Component, verify: bool,
+                shared: dict | None = None):
+    """One entry's loaded program, checked (cache key, every rank's files) when `verify`; bucket
+    programs take their checkpoint tensors from `shared` (path -> tensors, loaded once)."""
     from difflet.codegen.backends import load_runner
 
     if verify:
@@ -142,12 +158,16 @@ def _load_entry(root: Path, manifest: Manifest, node: Node, name: str, entry: Co
             which = f" (rank {r})" if entry.world > 1 else ""
             _check_hash(root, files.program, f"program of {name!r}{which}")
             _check_hash(root, files.weights, f"weights of {name!r}{which}")
+            if files.constants is not None:
+                _check_hash(root, files.constants, f"constants of {name!r}{which}")
     if entry.world > 1:
         from difflet.codegen.split_codegen import split_program
 
         return split_program(node, manifest.backend, [root / f.program.path for f in entry.ranks],
                              [root / f.weights.path for f in entry.ranks])
-    return load_runner(manifest.backend, root / entry.ranks[0].program.path, root / entry.ranks[0].weights.path)
+    files = entry.ranks[0]
+    constants = root / files.constants.path if files.constants is not None else None
+    return load_runner(manifest.backend, root / files.program.path, root / files.weights.path, constants, shared)
 
 
 def load_artifacts(root: str | os.PathLike, verify: bool = True) -> Artifacts:
@@ -161,9 +181,10 @@ def load_artifacts(root: str | os.PathLike, verify: bool = True) -> Artifacts:
     module_path = _check_hash(root, manifest.module, "module IR") if verify else root / manifest.module.path
     module = binary.load(module_path)
     art = Artifacts(root, manifest, module, root / manifest.host)
+    shared: dict = {}  # shared weight files of bucket programs, loaded once
     for name, entry in manifest.components.items():
         node = _node_of(root, module, name, entry)
-        loaded = _load_entry(root, manifest, node, name, entry, verify)
+        loaded = _load_entry(root, manifest, node, name, entry, verify, shared)
         if entry.role == PROBE_ROLE:
             from difflet.codegen.probe import ProbeProgram
 

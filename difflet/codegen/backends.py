@@ -28,5 +28,10 @@ def get_backend(name: str) -> ModuleType:
     raise DiffletError(f"unknown backend {name!r} (choose one of: {', '.join(BACKENDS)})", where="--backend")
 
 
-def load_runner(backend: str, program: Path, weights: Path):
-    return get_backend(backend).CompiledRunner(program, weights)
+def load_runner(backend: str, program: Path, weights: Path, constants: Path | None = None,
+                shared: dict | None = None):
+    """A backend's loaded program; bucket programs pass their `constants` file and the shared
+    weights cache (inductor only: codegen builds buckets for no other backend)."""
+    if constants is None:
+        return get_backend(backend).CompiledRunner(program, weights)
+    return get_backend(backend).CompiledRunner(program, weights, constants, shared)

@@ -24,6 +24,7 @@ from difflet.codegen.artifacts import program_paths, runtime_settings, schedule_
 from difflet.codegen.manifest import (FORMAT_VERSION, MANIFEST, MODULE_FILE, Component, Manifest, RankFiles,
                                       Versions, file_ref, write_manifest)
 from difflet.errors import DiffletError
+from difflet.ir.buckets import base_name, buckets
 from difflet.ir.nodes import Module, Node, Op, thaw
 
 
@@ -51,6 +52,19 @@ def _require_planned(module: Module) -> None:
             if reason:
                 raise DiffletError(f"component {comp.name!r} is planned for {layout.attrs.get('world')} ranks; "
                                    f"{reason}", where=layout.loc)
+
+
+def _check_buckets(module: Module, backend: str) -> None:
+    """Shape buckets are built for unsplit inductor programs so far."""
+    if not buckets(module):
+        return
+    if backend != "inductor":
+        raise DiffletError(f"shape buckets are built for the inductor backend only so far, not {backend!r}",
+                           where="--backend")
+    for comp in module.components():
+        if comp.find(Op.LAYOUT) and _world(comp) > 1:
+            raise DiffletError(f"component {comp.name!r} is split over {_world(comp)} ranks; split programs "
+                               "with shape buckets are not built yet (plan tp1 or serve one size)", where=comp.loc)
 
 
 def _copy_host(ckpt: Path, module: Module, host: Path) -> dict[str, str]:
@@ -122,6 +136,7 @@ def _codegen(module: Module, weights, out: Path, backend: str, store, log, verbo
 
     _require_planned(module)
     get_backend(backend)  # an unavailable backend (neuron here) fails before any work
+    _check_buckets(module, backend)
     the_store = Store(store)
     ckpt = resolve_weights(module, str(weights), the_store.root)
     (out / "programs").mkdir(parents=True, exist_ok=True)
@@ -155,7 +170,7 @@ def _codegen(module: Module, weights, out: Path, backend: str, store, log, verbo
         versions=Versions(torch=str(torch.__version__), difflet=str(difflet.__version__)),
         module=file_ref(out, MODULE_FILE), host="host", host_files=_copy_host(ckpt, module, out / "host"),
         weights_source=str(weights), components={n.name: entries[n.name] for n in nodes},
-        runtime=runtime_settings(module), schedule=schedule_steps(module))
+        runtime=runtime_settings(module), schedule=schedule_steps(module), buckets=buckets(module))
     write_manifest(out, manifest)
     result.manifest = manifest
     log(f"compiled {len(result.compiled)}, reused {len(result.reused)}")
@@ -213,6 +228,29 @@ def emit_program(module: Module, name: str, ckpt: Path, store, backend: str, out
                                          directory=True)
     prog_rel, weights_rel = program_paths(name)
     link_or_copy(entry / be.PROGRAM_FILE, out / prog_rel)
-    save_file(be.program_weights(pm, entry), str(out / weights_rel))
+    weights = be.program_weights(pm, entry)
+    if node.attrs.get("bucket") is not None:
+        files = _bucket_files(node, pm, weights, out, prog_rel)
+    else:
+        save_file(weights, str(out / weights_rel))
+        files = RankFiles(file_ref(out, prog_rel), file_ref(out, weights_rel))
     extra = {"source": node.attrs.get("source")} if node.op == Op.PROBE else {}
-    return _entry(node, key_node, [RankFiles(file_ref(out, prog_rel), file_ref(out, weights_rel))], **extra), created
+    return _entry(node, key_node, [files], **extra), created
+
+
+def _bucket_files(node: Node, pm, weights: dict, out: Path, prog_rel: str) -> RankFiles:
+    """A bucket program's files: the checkpoint's tensors in one file that every size of the
+    component shares (loaded once), its graph-made constants (size-dependent tables) in its own.
+    The shared file is replaced atomically: concurrent compile workers write identical bytes."""
+    from safetensors.torch import save_file
+
+    from difflet.codegen.inductor import module_tensors
+
+    known = module_tensors(pm)
+    shared_rel = program_paths(base_name(node))[1]
+    constants_rel = program_paths(node.name)[1].replace(".safetensors", ".constants.safetensors")
+    tmp = out / f"{shared_rel}.{os.getpid()}.tmp"
+    save_file({k: v for k, v in weights.items() if k in known}, str(tmp))
+    os.replace(tmp, out / shared_rel)
+    save_file({k: v for k, v in weights.items() if k not in known}, str(out / constants_rel))
+    return RankFiles(file_ref(out, prog_rel), file_ref(out, shared_rel), constants=file_ref(out, constants_rel))

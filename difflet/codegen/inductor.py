@@ -104,17 +104,33 @@ def load_program_weights(weights_path: Path, fqns: list[str]) -> dict:
 
 
 class CompiledRunner:
-    """A loaded AOTInductor package with its weights: `runner(*tensors) -> tuple[Tensor, ...]`."""
+    """A loaded AOTInductor package with its weights: `runner(*tensors) -> tuple[Tensor, ...]`.
 
-    def __init__(self, program_path: Path, weights_path: Path) -> None:
+    A bucket program (`constants_path` given) takes its checkpoint tensors from `shared`, a
+    path -> tensors cache that every size of the component shares: the program keeps pointers
+    to those tensors (user-managed constants), so each weight is in memory once.
+    """
+
+    def __init__(self, program_path: Path, weights_path: Path, constants_path: Path | None = None,
+                 shared: dict | None = None) -> None:
         from torch._inductor.package import load_package
 
         try:
             self._model = load_package(str(program_path))
         except Exception as err:  # the loader raises bare RuntimeErrors from C++
             raise DiffletError(f"cannot load compiled program: {err}", where=program_path) from None
-        constants = load_program_weights(weights_path, list(self._model.get_constant_fqns()))
-        self._model.load_constants(constants, check_full_update=True)
+        fqns = list(self._model.get_constant_fqns())
+        if constants_path is None:
+            self._model.load_constants(load_program_weights(weights_path, fqns), check_full_update=True)
+            return
+        from safetensors.torch import load_file
+
+        cache = shared if shared is not None else {}
+        if weights_path not in cache:
+            cache[weights_path] = load_file(str(weights_path))
+        own = load_program_weights(constants_path, [k for k in fqns if k not in cache[weights_path]])
+        self._constants = {k: cache[weights_path][k] if k in cache[weights_path] else own[k] for k in fqns}
+        self._model.load_constants(self._constants, check_full_update=True, user_managed=True)
 
     def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         out = self._model(*tensors)

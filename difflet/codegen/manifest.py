@@ -22,7 +22,10 @@ import msgspec
 
 from difflet.errors import DiffletError
 
-FORMAT_VERSION = 2  # 2: probe under components with role "probe"; per-rank files for every entry
+# 2: probe under components with role "probe"; per-rank files for every entry
+# 3: shape buckets (`buckets`; per-size entries NAME@SIZE whose `weights` file is shared by every
+#    size of the component and whose graph-made constants are their own `constants` file)
+FORMAT_VERSION = 3
 MANIFEST = "manifest.json"
 MODULE_FILE = "module.ir"
 PROBE_ROLE = "probe"
@@ -40,6 +43,7 @@ class FileRef(_Strict):
 class RankFiles(_Strict):
     program: FileRef
     weights: FileRef
+    constants: FileRef | None = None  # bucket programs: the graph-made constants, apart from `weights`
 
 
 class ValueSpec(_Strict):
@@ -105,10 +109,18 @@ class Manifest(_Strict):
     components: dict[str, Component]
     runtime: tuple[RuntimeSetting, ...] = ()
     schedule: tuple[ScheduleStep, ...] = ()
+    buckets: tuple[str, ...] = ()  # the served sizes ("WxH" / "WxHxF"); () = the profile's size only
 
     def programs(self) -> dict[str, Component]:
         """The schedule's components (every entry but the probe)."""
         return {n: c for n, c in self.components.items() if c.role != PROBE_ROLE}
+
+    @property
+    def sizes(self) -> tuple[str, ...]:
+        """Every served size, the default (the profile's) first."""
+        from difflet.ir.buckets import size_of
+
+        return self.buckets or (size_of(self.profile),)
 
     @property
     def probe(self) -> tuple[str, Component] | None:

@@ -1,4 +1,4 @@
-"""`difflet lower FILE.dsl [--profile k=v,...] [--weights DIR] [-o OUT.ir]`: the frontend's CLI command.
+"""`difflet lower FILE.dsl [--profile k=v,...] [--weights DIR] [--shapes WxH,...] [-o OUT.ir]`: the frontend's CLI command.
 
 Invariant: torch is imported only inside the command body (via lowering's parameter counts);
 errors are DiffletErrors, which the CLI group prints as `error: file:line:col: ...`, exit 2.
@@ -15,14 +15,18 @@ import click
 @click.option("--weights", default=None, metavar="DIR|hf:ORG/NAME",
               help="Take `config from checkpoint` configs from this diffusers-format checkpoint "
                    "(config.json files only) and check stated configs against it.")
+@click.option("--shapes", default="", metavar="WxH[,WxH...]",
+              help="Serve several sizes from one artifact (video: WxHxF): size-dependent "
+                   "components get a program per size, the rest one program.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Write the binary IR here (default: print the text IR to stdout).")
-def lower(dsl: str, profile: str, weights: str | None, output: str | None) -> None:
+def lower(dsl: str, profile: str, weights: str | None, shapes: str, output: str | None) -> None:
     """Lower a model description to pipeline IR for one serving profile."""
     from difflet.frontend.lower import lower_file
     from difflet.frontend.profile import parse_profile_arg
 
-    module = lower_file(dsl, parse_profile_arg(profile), weights)
+    sizes = [s for s in (p.strip() for p in shapes.split(",")) if s]
+    module = lower_file(dsl, parse_profile_arg(profile), weights, sizes or None)
     if output is None:
         from difflet.ir.text import print_module
 

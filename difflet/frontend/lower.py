@@ -13,7 +13,7 @@ Invariants:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from difflet.errors import DiffletError
 from difflet.frontend import ast, checks
@@ -32,14 +32,35 @@ ATTENTION_REQUIRED = {"joint": ("heads", "head_dim", "order", "text_mask", "vali
 ATTENTION_FIELDS = ("heads", "head_dim", "order", "text_mask", "valid")
 
 
-def lower_file(path: str | Path, overrides: dict[str, str] | None = None, weights: str | None = None) -> Module:
+def lower_file(path: str | Path, overrides: dict[str, str] | None = None, weights: str | None = None,
+               shapes: Sequence[str] | None = None) -> Module:
     """Parse and lower a `.dsl` file for the profile with `overrides` (CLI `--profile k=v`),
-    taking `config from checkpoint` configs from `weights` (CLI `--weights`) when given."""
+    taking `config from checkpoint` configs from `weights` (CLI `--weights`) when given; with
+    `shapes` (CLI `--shapes WxH,...`, else the profile's `shapes = "WxH,..."`), one bucketed
+    module serving every size (difflet/ir/buckets.py)."""
     try:
         text = Path(path).read_text()
     except OSError as err:
         raise DiffletError(f"cannot read model description: {err.strerror}", where=str(path)) from None
-    return lower_text(text, str(path), overrides, weights)
+    module = lower_text(text, str(path), overrides, weights)
+    listed = module.attrs["profile"].get("shapes")
+    if not shapes and isinstance(listed, str):
+        shapes = [s for s in (p.strip() for p in listed.split(",")) if s]
+    if not shapes:
+        return module
+    return lower_buckets(text, str(path), shapes, overrides, weights, "frames" in module.attrs["profile"].keys())
+
+
+def lower_buckets(text: str, path: str, shapes: Sequence[str], overrides: dict[str, str] | None = None,
+                  weights: str | None = None, video: bool = False) -> Module:
+    """The description lowered at each size ("WxH", video "WxHxF") and merged into one module."""
+    from difflet.ir.buckets import merge, parse_size
+
+    modules = []
+    for size in shapes:
+        sized = {k: str(v) for k, v in parse_size(size, video).items()}
+        modules.append(lower_text(text, path, {**(overrides or {}), **sized}, weights))
+    return merge(modules)
 
 
 def lower_text(text: str, path: str, overrides: dict[str, str] | None = None,

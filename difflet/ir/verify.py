@@ -98,9 +98,12 @@ def _visible_values(m: Module, parents: tuple[Node, ...]) -> set[str]:
 
 @rule
 def undefined_arg(m: Module) -> Iterator[Violation]:
-    """Args name what exists: steps name components; inputs name module `runtime` nodes;
-    any other node names a value declared in its own or an enclosing body."""
-    components = {n.name for n in m.find(Op.COMPONENT)}
+    """Args name what exists: steps name components (a bucketed one by its base name); inputs
+    name module `runtime` nodes; any other node names a value declared in its own or an
+    enclosing body."""
+    from difflet.ir.buckets import base_name
+
+    components = {base_name(n) for n in m.find(Op.COMPONENT)}
     runtimes = {n.name for n in m.find(Op.RUNTIME)}
     for node, parents in walk(m.body):
         if node.op == Op.STEP:

@@ -111,6 +111,11 @@ def optimize(module: Module, parallel: str = "tp1", target: str = "cpu", backend
     compiler package (torch for inductor, neuronx-cc for neuron) without importing it;
     difflet_version None = the installed version plus the program-source digest (golden tests pin it).
     """
+    from difflet.ir.buckets import buckets, merge, views
+
+    if buckets(module):  # each size is planned on its own; size-independent nodes plan identically
+        return merge([optimize(v, parallel, target, backend, compiler_version, probe, attention, cores,
+                               component_tp, passes, difflet_version) for _, v in views(module)])
     table = load_target(target)
     backend = backend or table["backends"][0]
     opts = Options(parallel=parse_parallel(parallel, attention), target=target, backend=backend,

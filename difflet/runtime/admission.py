@@ -98,6 +98,7 @@ class Admission:
             raise DiffletError(f"prompt policy {prompt_policy!r} is not one of {PROMPT_POLICIES}",
                                where="--prompt-policy")
         self.profile = info.profile
+        self.sizes = info.manifest.sizes
         self.default_cache = default_cache
         self.prompt_policy = prompt_policy
         self.token_limit, self.limit_encoder = text_limit(info.module)
@@ -125,7 +126,8 @@ class Admission:
         """(fields for the model process, truncations to report); raises DiffletError naming the field."""
         params = resolve_request(self.profile, prompt=prompt, seed=seed, steps=steps,
                                  guidance=guidance, height=height, width=width,
-                                 request_id=check_request_id(request_id), negative_prompt=negative_prompt)
+                                 request_id=check_request_id(request_id), negative_prompt=negative_prompt,
+                                 sizes=self.sizes)
         if self.prompt_policy == "strict" and self.limit_encoder:
             n = self.prompt_tokens(prompt)
             if n > self.token_limit:

@@ -179,7 +179,7 @@ class ServingState(_message.Message):
     def __init__(self, processes: _Optional[_Iterable[_Union[ModelProcess, _Mapping]]] = ..., queue_size: _Optional[int] = ..., queue_depth: _Optional[int] = ..., recoveries: _Optional[int] = ..., request_timeout_s: _Optional[float] = ..., grace_s: _Optional[float] = ...) -> None: ...
 
 class Profile(_message.Message):
-    __slots__ = ("model", "family", "height", "width", "steps", "guidance", "max_text", "dtype", "parallel", "target", "components", "attrs", "cache", "prompt_tokens", "prompt_policy", "serving")
+    __slots__ = ("model", "family", "height", "width", "steps", "guidance", "max_text", "dtype", "parallel", "target", "components", "attrs", "cache", "prompt_tokens", "prompt_policy", "serving", "sizes")
     class AttrsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -203,6 +203,7 @@ class Profile(_message.Message):
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_POLICY_FIELD_NUMBER: _ClassVar[int]
     SERVING_FIELD_NUMBER: _ClassVar[int]
+    SIZES_FIELD_NUMBER: _ClassVar[int]
     model: str
     family: str
     height: int
@@ -219,4 +220,5 @@ class Profile(_message.Message):
     prompt_tokens: int
     prompt_policy: str
     serving: ServingState
-    def __init__(self, model: _Optional[str] = ..., family: _Optional[str] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., steps: _Optional[int] = ..., guidance: _Optional[float] = ..., max_text: _Optional[int] = ..., dtype: _Optional[str] = ..., parallel: _Optional[str] = ..., target: _Optional[str] = ..., components: _Optional[_Iterable[str]] = ..., attrs: _Optional[_Mapping[str, str]] = ..., cache: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., prompt_policy: _Optional[str] = ..., serving: _Optional[_Union[ServingState, _Mapping]] = ...) -> None: ...
+    sizes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model: _Optional[str] = ..., family: _Optional[str] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., steps: _Optional[int] = ..., guidance: _Optional[float] = ..., max_text: _Optional[int] = ..., dtype: _Optional[str] = ..., parallel: _Optional[str] = ..., target: _Optional[str] = ..., components: _Optional[_Iterable[str]] = ..., attrs: _Optional[_Mapping[str, str]] = ..., cache: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., prompt_policy: _Optional[str] = ..., serving: _Optional[_Union[ServingState, _Mapping]] = ..., sizes: _Optional[_Iterable[str]] = ...) -> None: ...

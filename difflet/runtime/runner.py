@@ -11,6 +11,9 @@ Invariants:
 - `generate(on_step=, should_stop=)`: on_step(step_index, total_steps, cached) after every
   denoising step; should_stop() before every schedule step and denoising step (raises
   difflet.runtime.cancel.Cancelled; the next request starts from fresh state all the same).
+- Shape buckets: one HostEnv per served size (its single-size module and programs; the
+  size-independent programs and the host assets are shared objects); a request runs in the env
+  of its size, and `warm_up()` checks every size.
 - `close()` (also `with ModelRunner...`) closes every program that has a `.close()` (a split
   program's rank workers stop); idempotent; a split program is unusable afterwards. Without it
   the workers still end with the process (daemonic, and SplitProgram closes itself on GC).
@@ -74,9 +77,17 @@ class ModelRunner:
 
     def __init__(self, module: Module, programs: Mapping[str, Callable], host_dir: Path | str,
                  manifest: Manifest | None = None, probe: Callable | None = None,
-                 cache: str | None = "off") -> None:
-        check_schedule(module, programs)
-        self.env = HostEnv(module, programs, host_dir)
+                 cache: str | None = "off", sizes: list | None = None) -> None:
+        """`sizes`: (size, single-size module, programs) per served size (Artifacts.sizes());
+        None = `module` and `programs` are the one size."""
+        from difflet.ir.buckets import size_of
+
+        assets: dict[str, Any] = {}
+        self.envs: dict[str, HostEnv] = {}
+        for size, view, progs in sizes or [(size_of(module.attrs["profile"]), module, programs)]:
+            check_schedule(view, progs)
+            self.envs[size] = HostEnv(view, progs, host_dir, assets)
+        self.env = next(iter(self.envs.values()))  # the default size
         self.manifest = manifest
         self.probe = probe
         self.env.asset("stepcache:probe", lambda: probe)  # per server; its state never read across requests
@@ -92,7 +103,8 @@ class ModelRunner:
         if not root.is_dir():
             raise DiffletError("artifact directory does not exist", where=str(root))
         art = load_artifacts(root, verify=verify)  # every program, the probe (role "probe") included
-        return cls(art.module, art.programs, art.host_dir, art.manifest, probe=art.probe, cache=cache)
+        return cls(art.module, art.programs, art.host_dir, art.manifest, probe=art.probe, cache=cache,
+                   sizes=art.sizes())
 
     @property
     def module(self) -> Module:
@@ -104,7 +116,7 @@ class ModelRunner:
 
     def resolve(self, cache: str | None = None, **fields: Any) -> RequestParams:
         """Validate a request; `cache` None = the server's default mode (errors name `cache`)."""
-        params = resolve_request(self.env.profile, **fields)
+        params = resolve_request(self.env.profile, **fields, sizes=tuple(self.envs))
         plan = self.default_cache if cache is None else self._plans.resolve(cache, "cache")
         return RequestParams(**asdict(params), cache=plan)
 
@@ -117,17 +129,29 @@ class ModelRunner:
             params = RequestParams(**asdict(params), cache=self.default_cache)
         with self._lock:
             start = time.perf_counter()
-            state = run_schedule(self.env, params, hooks)
+            state = run_schedule(self._env_of(params), params, hooks)
             data, kind = encode_output(state.image, state.video, state.fps, state.audio, state.sample_rate)
             timings = dict(state.timings, total=(time.perf_counter() - start) * 1000.0)
         stats = dict(state.values.get("cache_stats", {}))
         png, mp4 = (data, b"") if kind == "png" else (b"", data)
         return state, GenerateResult(params, state.image, png, timings, stats, state.video, mp4, state.fps)
 
+    def _env_of(self, params: GenerateParams) -> HostEnv:
+        if len(self.envs) == 1:
+            return self.env
+        from difflet.ir.buckets import size_of
+
+        size = size_of({**self.env.profile.to_python(), "height": params.height, "width": params.width})
+        if size not in self.envs:
+            raise DiffletError(f"height/width: {params.width}x{params.height} is not a served size "
+                               f"(served: {', '.join(self.envs)})", where="height")
+        return self.envs[size]
+
     def close(self) -> None:
         """Stop what the programs hold outside this process (split programs' rank workers)."""
         with self._lock:  # never under a running request: its ranks would be killed mid-call
-            for prog in (*self.env.programs.values(), self.probe):
+            progs = {id(p): p for env in self.envs.values() for p in env.programs.values()}
+            for prog in (*progs.values(), self.probe):
                 if hasattr(prog, "close"):
                     prog.close()
 
@@ -138,21 +162,27 @@ class ModelRunner:
         self.close()
 
     def warm_up(self) -> GenerateResult:
-        """One real generation at the profile defaults, checked; raises RuntimeError if bad."""
+        """One real generation per served size at the profile defaults, each checked; raises
+        RuntimeError if bad. Returns the default size's result."""
+        results = [self._warm_up(env) for env in reversed(self.envs.values())]
+        return results[-1]
+
+    def _warm_up(self, env: HostEnv) -> GenerateResult:
         import torch
 
-        state, result = self._run(self.resolve(prompt=WARM_UP_PROMPT, seed=0, request_id="warm-up"))
+        h, w = int(env.profile["height"]), int(env.profile["width"])
+        state, result = self._run(self.resolve(prompt=WARM_UP_PROMPT, seed=0, request_id="warm-up",
+                                               height=h, width=w))
         decoded = state.values.get("decoded")
-        h, w = int(self.env.profile["height"]), int(self.env.profile["width"])
         problems = []
         if decoded is not None and not bool(torch.isfinite(decoded).all()):
             problems.append("decoder output is not finite")
         out, want = (result.image, (h, w, 3)) if result.video is None else \
-            (result.video, (int(self.env.profile["frames"]), h, w, 3))
+            (result.video, (int(env.profile["frames"]), h, w, 3))
         if out.shape != want:
             problems.append(f"output shape {out.shape} != {want}")
         elif int(out.max()) == int(out.min()):
             problems.append(f"output is constant ({int(out.min())})")
         if problems:
-            raise RuntimeError("warm-up generation failed its checks: " + "; ".join(problems))
+            raise RuntimeError(f"warm-up generation ({w}x{h}) failed its checks: " + "; ".join(problems))
         return result

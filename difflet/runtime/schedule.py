@@ -55,12 +55,13 @@ class RequestState:
 class HostEnv:
     """The per-server side of the host schedule: IR module, programs, cached host assets."""
 
-    def __init__(self, module: Module, programs: Mapping[str, Callable], host_dir: Path | str) -> None:
+    def __init__(self, module: Module, programs: Mapping[str, Callable], host_dir: Path | str,
+                 assets: dict[str, Any] | None = None) -> None:
         self.module = module
         self.programs = dict(programs)
         self.host_dir = Path(host_dir)
         self.profile = module.attrs["profile"]
-        self._assets: dict[str, Any] = {}
+        self._assets: dict[str, Any] = assets if assets is not None else {}  # shared across sizes
 
     def component(self, name: str) -> Node:
         return self.module.component(name)

@@ -23,6 +23,7 @@ from typing import Callable
 import grpc
 
 from difflet.errors import DiffletError
+from difflet.ir.buckets import base_name
 from difflet.runtime import difflet_pb2 as pb
 from difflet.runtime import difflet_pb2_grpc as pb_grpc
 from difflet.runtime.dispatcher import Rejected
@@ -141,8 +142,8 @@ class DiffletServicer(pb_grpc.DiffletServicer):
             dtype=str(profile.get("dtype", "")),
             parallel=str(parallel.to_python() if hasattr(parallel, "to_python") else parallel or ""),
             target=str(module.attrs.get("target", "")),
-            components=[c.name for c in module.components()],
+            components=list(dict.fromkeys(base_name(c) for c in module.components())),
             attrs={k: str(v) for k, v in profile.items() if k not in _PROFILE_FIELDS},
             cache=self.cache, prompt_tokens=self.admission.token_limit,
             prompt_policy=self.admission.prompt_policy,
-            serving=self.serving_state())
+            serving=self.serving_state(), sizes=list(self.info.manifest.sizes))

@@ -3,14 +3,16 @@
 Invariants:
 - Every rejection is a `DiffletError` whose `where` is the offending field name and whose
   message starts with that name (so gRPC details read "height: 64 does not match ...").
-- Image size is compiled in: height/width must equal the profile's (0 or None = the default).
+- Image size is compiled in: height/width must be the profile's (0 or None = the default) or,
+  for an artifact with shape buckets, one of its served sizes ("WxH"; a video's frame count
+  stays the profile's).
 - steps and guidance are host values: any steps in [1, 1000], any finite guidance >= 0.
 """
 from __future__ import annotations
 
 import math
 import uuid
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from difflet.errors import DiffletError
 from difflet.runtime.schedule import GenerateParams
@@ -33,11 +35,24 @@ def _size(field: str, value: int | None, profile: Mapping[str, Any]) -> int:
     return expected
 
 
+def _bucket_size(height: int | None, width: int | None, profile: Mapping[str, Any],
+                 sizes: Sequence[str]) -> tuple[int, int]:
+    """(height, width) of a request to a bucketed artifact: 0/None takes the default's side."""
+    h = int(height or profile["height"])
+    w = int(width or profile["width"])
+    served = {tuple(int(x) for x in s.split("x")[:2]) for s in sizes}
+    if (w, h) not in served:
+        field = "width" if w not in {sw for sw, _ in served} else "height"
+        raise _fail(field, f"{w}x{h} (width x height) is not a served size; served: {', '.join(sizes)}")
+    return h, w
+
+
 def resolve_request(profile: Mapping[str, Any], *, prompt: str, seed: int, steps: int | None = None,
                     guidance: float | None = None, height: int | None = None,
                     width: int | None = None, request_id: str = "",
-                    negative_prompt: str | None = None) -> GenerateParams:
-    """Check one request against `profile` and fill defaults; raises DiffletError naming the field."""
+                    negative_prompt: str | None = None, sizes: Sequence[str] = ()) -> GenerateParams:
+    """Check one request against `profile` (and the served `sizes` of a bucketed artifact) and
+    fill defaults; raises DiffletError naming the field."""
     if not isinstance(prompt, str) or not prompt.strip():
         raise _fail("prompt", "must be a non-empty string")
     if not 0 <= int(seed) <= MAX_SEED:
@@ -50,8 +65,11 @@ def resolve_request(profile: Mapping[str, Any], *, prompt: str, seed: int, steps
         raise _fail("guidance", f"{guidance} must be finite and >= 0")
     if negative_prompt is not None and not isinstance(negative_prompt, str):
         raise _fail("negative_prompt", "must be a string")
+    if len(sizes) > 1:
+        height, width = _bucket_size(height, width, profile, sizes)
+    else:
+        height, width = _size("height", height, profile), _size("width", width, profile)
     return GenerateParams(
         negative_prompt=negative_prompt, prompt=prompt, seed=int(seed), steps=steps, guidance=guidance,
-        height=_size("height", height, profile), width=_size("width", width, profile),
-        request_id=request_id or uuid.uuid4().hex[:16],
+        height=height, width=width, request_id=request_id or uuid.uuid4().hex[:16],
     )

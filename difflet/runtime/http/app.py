@@ -79,7 +79,8 @@ class HttpApi:
     def model_card(self) -> dict:
         p = self.info.profile
         return {"id": self.model_id, "object": "model", "created": 0, "owned_by": "difflet",
-                "family": self.family, "sizes": [f"{int(p['width'])}x{int(p['height'])}"],
+                "family": self.family, "sizes": [s.rsplit("x", 1)[0] if self.frames else s
+                                                         for s in self.info.manifest.sizes],
                 "kind": "video" if self.frames else "image", "frames": self.frames, "fps": self.fps,
                 "default_steps": int(p["steps"]), "default_guidance": float(p["guidance"]),
                 "guidance_kind": GUIDANCE_KIND.get(self.family, ""),

@@ -2,8 +2,9 @@
 
 Invariants:
 - Every refusal is a 400 `ApiError` whose `param` is the field as the client spelled it.
-- The served shape is compiled in: `size` ("WxH"), `num_frames`, `seconds` and `fps` must
-  match the profile (or be left out); everything else is checked by the gRPC path's Admission.
+- The served shape is compiled in: `size` ("WxH") must be one of the served sizes (an artifact
+  with shape buckets has several), `num_frames`, `seconds` and `fps` must match the profile (or
+  be left out); everything else is checked by the gRPC path's Admission.
 - Unknown fields are refused by name (a typo such as "steps" must not be silently ignored);
   OpenAI's presentation-only fields in IGNORED are accepted and have no effect.
 - `seed` left out = a fresh random seed per image, reported back in each reply item.
@@ -90,14 +91,17 @@ def _common(body: Any, info, allowed: tuple[str, ...]) -> dict[str, Any]:
                             f"{served_model(info)!r})", "invalid_request_error", "model", "model_not_found")
     profile = info.profile
     height, width = int(profile["height"]), int(profile["width"])
+    served = [s.split("x")[:2] for s in info.manifest.sizes]  # [width, height] text pairs, default first
+    listed = ", ".join(f"{w}x{h}" for w, h in served)
     size = _type(body, "size", (str,), 'a string "WIDTHxHEIGHT"')
     if size is not None and size != "auto":
         w, sep, h = size.partition("x")
         if not (sep and w.isdigit() and h.isdigit()):
-            raise bad_field("size", f"{size!r} is not WIDTHxHEIGHT (this server serves {width}x{height})")
-        if (int(w), int(h)) != (width, height):
-            raise bad_field("size", f"{size} is not served: the size is compiled in, this server "
-                                    f"serves {width}x{height}")
+            raise bad_field("size", f"{size!r} is not WIDTHxHEIGHT (this server serves {listed})")
+        if [w, h] not in served:
+            raise bad_field("size", f"{size} is not served: sizes are compiled in, this server "
+                                    f"serves {listed}")
+        width, height = int(w), int(h)
     seed = _type(body, "seed", (int,), "an integer")
     steps = _type(body, "num_inference_steps", (int,), "an integer")
     guidance = _number(body, "guidance_scale")
