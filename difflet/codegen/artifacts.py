@@ -166,8 +166,15 @@ def _load_entry(root: Path, manifest: Manifest, node: Node, name: str, entry: Co
         return split_program(node, manifest.backend, [root / f.program.path for f in entry.ranks],
                              [root / f.weights.path for f in entry.ranks])
     files = entry.ranks[0]
-    constants = root / files.constants.path if files.constants is not None else None
-    return load_runner(manifest.backend, root / files.program.path, root / files.weights.path, constants, shared)
+    if files.constants is None:
+        return load_runner(manifest.backend, root / files.program.path, root / files.weights.path)
+    shared = shared if shared is not None else {}
+    # sizes whose programs are the same (FLUX at WxH and HxW: equal token counts) share one runner
+    same = ("runner", files.program.sha256, files.weights.sha256, files.constants.sha256)
+    if same not in shared:
+        shared[same] = load_runner(manifest.backend, root / files.program.path, root / files.weights.path,
+                                   root / files.constants.path, shared)
+    return shared[same]
 
 
 def load_artifacts(root: str | os.PathLike, verify: bool = True) -> Artifacts:

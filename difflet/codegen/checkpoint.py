@@ -239,7 +239,9 @@ def resolve_weights(module: Module, spec: str, store_root: str | os.PathLike | N
     (keyed by the module's configs + seed); `hf:ORG/NAME` is the local Hugging Face cache's
     snapshot (offline); anything else must be an existing directory."""
     from difflet.codegen.store import Store
+    from difflet.ir.buckets import views
 
+    module = views(module)[0][1]  # a bucketed module's sizes share every checkpoint tensor
     if spec.startswith("random:"):
         try:
             seed = int(spec.split(":", 1)[1])

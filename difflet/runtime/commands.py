@@ -26,8 +26,8 @@ from difflet.runtime.demo import MODELS as DEMO_MODELS  # stdlib-only module: no
               help="true-CFG models: the negative prompt (default: the model family's)")
 @click.option("--steps", type=int, default=None, help="denoising steps (default: the profile's)")
 @click.option("--guidance", type=float, default=None, help="guidance scale (default: the profile's)")
-@click.option("--height", type=int, default=0, help="must equal the serving profile (0 = it)")
-@click.option("--width", type=int, default=0, help="must equal the serving profile (0 = it)")
+@click.option("--height", type=int, default=0, help="one of the served sizes (0 = the default size)")
+@click.option("--width", type=int, default=0, help="one of the served sizes (0 = the default size)")
 @click.option("--timeout", type=click.FloatRange(0, min_open=True), default=600.0,
               show_default=True, help="deadline in seconds (queue time included)")
 @click.option("--cache", default="", help="step-cache override (default: the server's mode)")
