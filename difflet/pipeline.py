@@ -84,12 +84,14 @@ class DiffletPipeline:
     def from_pretrained(cls, pretrained_model_name_or_path: str | Path, *, model: str | Path,
                         height: int | None = None, width: int | None = None,
                         num_frames: int | None = None, max_sequence_length: int | None = None,
-                        dtype: Any = None, parallel: str = "tp1", attention: str | None = None,
+                        dtype: Any = None, shapes: list[str] | None = None,
+                        parallel: str = "tp1", attention: str | None = None,
                         backend: str = "inductor", target: str = "cpu", profile: dict | None = None,
                         store: str | Path | None = None, cache: str = "off", verbose: bool = False,
                         log: Callable[[str], Any] | None = None) -> "DiffletPipeline":
         """Lower MODEL for these shapes with configs from the checkpoint, plan, compile (or reuse
-        from the store) and load. `pretrained_model_name_or_path`: a diffusers-format directory,
+        from the store) and load; `shapes` ("WxH" / "WxHxF", the first the default) serves several
+        sizes from one load. `pretrained_model_name_or_path`: a diffusers-format directory,
         `hf:ORG/NAME` (local cache, offline) or `random:SEED` (configs from the description)."""
         from difflet.codegen.driver import codegen
         from difflet.codegen.manifest import MANIFEST
@@ -106,9 +108,9 @@ class DiffletPipeline:
         if dtype is not None:
             overrides["dtype"] = _dtype_name(dtype)
         dsl = model_description(model)
-        module = lower_file(dsl, overrides, None if weights.startswith("random:") else weights)
+        module = lower_file(dsl, overrides, None if weights.startswith("random:") else weights, shapes)
         module = optimize(module, parallel=parallel, target=target, backend=backend, attention=attention)
-        keys = [c.attrs["cache_key"] for c in module.components()]
+        keys = [[c.name, c.attrs["cache_key"]] for c in module.components()]
         art_key = hashlib.sha256(json.dumps([keys, backend, _weights_fingerprint(weights)]).encode()).hexdigest()
         store_root = Path(store) if store is not None else default_store_dir()
         art = store_root / "pipelines" / art_key[:32]
@@ -139,10 +141,6 @@ class DiffletPipeline:
         `callback(step, total_steps, cached)` runs after every denoising step."""
         if output_type not in ("pil", "np"):
             raise DiffletError(f"output_type: {output_type!r} is not 'pil' or 'np'", where="output_type")
-        frames = self.profile.get("frames")
-        if num_frames is not None and num_frames != frames:
-            raise DiffletError(f"num_frames: {num_frames} does not match the compiled {frames} "
-                               "(from_pretrained(num_frames=...) compiles another)", where="num_frames")
         if int(num_images_per_prompt) < 1:
             raise DiffletError("num_images_per_prompt: must be >= 1", where="num_images_per_prompt")
         base = seed if seed is not None else generator.initial_seed() if generator is not None \
@@ -152,7 +150,7 @@ class DiffletPipeline:
             for i in range(int(num_images_per_prompt)):
                 params = self._params(prompt=text, negative_prompt=negative_prompt, seed=base + i,
                                       steps=num_inference_steps, guidance=guidance_scale, height=height,
-                                      width=width, cache=cache)
+                                      width=width, frames=num_frames, cache=cache)
                 result = self.runner.generate(params, on_step=callback)
                 out.seeds.append(params.seed)
                 out.results.append(result)
@@ -168,8 +166,8 @@ class DiffletPipeline:
         except DiffletError as err:
             name = ARGUMENT_OF_FIELD.get(str(err.where), err.where)
             message = err.message.replace(f"{err.where}:", f"{name}:", 1)
-            if str(err.where) in ("height", "width"):
-                message += " (from_pretrained(height=, width=) compiles another)"
+            if str(err.where) in ("height", "width", "frames"):
+                message += " (from_pretrained(height=, width=, num_frames=) or shapes= compiles others)"
             raise DiffletError(message, where=name) from None
 
     def close(self) -> None:

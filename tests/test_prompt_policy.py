@@ -265,7 +265,7 @@ def test_family_truncation_matches_its_pipeline(dsl, family):
     ckpt = random_checkpoint(module)
     text_len = int(module.attrs["profile"]["max_text"])
     prompt = vocab_prompt(ckpt / "tokenizer", 300)
-    admission = Admission(ArtifactInfo(ckpt, SimpleNamespace(host="."), module))  # only .host is read; host/ = the checkpoint folders
+    admission = Admission(ArtifactInfo(ckpt, SimpleNamespace(host=".", sizes=()), module))  # only .host (and .sizes) are read; host/ = the checkpoint folders
     _, cuts = admission.admit(prompt=prompt, **OK)
     reported = {c.encoder: c for c in cuts}
     pipeline = pipeline_inputs(family, ckpt, prompt, text_len)
@@ -311,7 +311,7 @@ def test_negative_prompt_truncation_is_reported_where_the_model_reads_it():
     module = planned_tiny(REPO / "models" / "wan2.1-tiny.dsl")
     ckpt = random_checkpoint(module)
     long = vocab_prompt(ckpt / "tokenizer", 40)
-    _, cuts = Admission(ArtifactInfo(ckpt, SimpleNamespace(host="."), module)).admit(
+    _, cuts = Admission(ArtifactInfo(ckpt, SimpleNamespace(host=".", sizes=()), module)).admit(
         prompt="a fox", negative_prompt=long, **OK)
     assert [(c.field, c.encoder, c.tokens, c.limit) for c in cuts] == [
         ("negative_prompt", "text_encoder", 41, 16)]

@@ -162,3 +162,29 @@ def test_sizes_listed_in_the_description_profile(tmp_path):
 
     assert buckets(lower_file(str(tmp_path / "m.dsl"))) == ("32x32", "48x32")
     assert buckets(lower_file(str(tmp_path / "m.dsl"), shapes=["32x48"])) == ("32x48",)  # --shapes wins
+
+
+def test_video_buckets_over_frame_count(tmp_path):
+    """wan2.1-tiny at 9 and 5 frames: only the transformer depends on the clip length (the VAE
+    decodes one latent frame per call); a request picks its frame count."""
+    from difflet.codegen.checkpoint import resolve_weights
+    from difflet.errors import DiffletError
+    from difflet.runtime.runner import ModelRunner
+
+    wan = str(REPO / "models" / "wan2.1-tiny.dsl")
+    planned = optimize(lower_file(wan, shapes=["32x32x9", "32x32x5"]))
+    assert [c.name for c in planned.components()] == ["text_encoder", "transformer@32x32x9",
+                                                      "transformer@32x32x5", "vae"]
+    ckpt = resolve_weights(planned, "random:0", shared_store_dir())
+    codegen(planned, str(ckpt), tmp_path / "art", store=shared_store_dir(), log=lambda *_: None)
+    five = optimize(lower_file(wan, {"frames": "5"}))
+    codegen(five, str(ckpt), tmp_path / "five", store=shared_store_dir(), log=lambda *_: None)
+    with ModelRunner.from_artifacts(tmp_path / "art") as runner, ModelRunner.from_artifacts(tmp_path / "five") as alone:
+        ours = runner.generate(runner.resolve(prompt="a fox", seed=2, steps=2, frames=5)).video
+        ref = alone.generate(alone.resolve(prompt="a fox", seed=2, steps=2)).video
+        assert ours.shape == (5, 32, 32, 3) and np.array_equal(ours, ref)
+        assert runner.generate(runner.resolve(prompt="a fox", seed=2, steps=1)).video.shape[0] == 9
+        with pytest.raises(DiffletError) as err:
+            runner.resolve(prompt="a fox", seed=2, frames=7)
+        assert (err.value.where, err.value.message) == ("frames", "frames: 7 frames are not served at 32x32 "
+                                                                  "(served: 9, 5)")

@@ -122,12 +122,12 @@ class Admission:
 
     def admit(self, *, prompt: str, seed: int, steps: int | None, guidance: float | None,
               height: int, width: int, request_id: str, cache: str,
-              negative_prompt: str | None = None) -> tuple[dict[str, Any], list[Truncation]]:
+              negative_prompt: str | None = None, frames: int = 0) -> tuple[dict[str, Any], list[Truncation]]:
         """(fields for the model process, truncations to report); raises DiffletError naming the field."""
         params = resolve_request(self.profile, prompt=prompt, seed=seed, steps=steps,
                                  guidance=guidance, height=height, width=width,
                                  request_id=check_request_id(request_id), negative_prompt=negative_prompt,
-                                 sizes=self.sizes)
+                                 sizes=self.sizes, frames=frames)
         if self.prompt_policy == "strict" and self.limit_encoder:
             n = self.prompt_tokens(prompt)
             if n > self.token_limit:
@@ -137,7 +137,7 @@ class Admission:
         cache = check_cache_mode(cache) if cache.strip() else ""
         fields = {"prompt": params.prompt, "seed": params.seed, "steps": params.steps,
                   "guidance": params.guidance, "height": params.height, "width": params.width,
-                  "request_id": params.request_id, "cache": cache or None}
+                  "request_id": params.request_id, "cache": cache or None, "frames": params.frames}
         if negative_prompt is not None:  # only when set: the runner's family picks the default
             fields["negative_prompt"] = negative_prompt
         return fields, cuts

@@ -66,9 +66,9 @@ def channel(server: str, api_key: str | None = None, tls_ca: str | None = None) 
 def make_request(prompt: str, seed: int = 0, *, steps: int | None = None,
                  guidance: float | None = None, height: int = 0, width: int = 0,
                  request_id: str = "", cache: str = "",
-                 negative_prompt: str | None = None) -> pb.GenerateRequest:
+                 negative_prompt: str | None = None, frames: int = 0) -> pb.GenerateRequest:
     request = pb.GenerateRequest(prompt=prompt, seed=seed, height=height, width=width,
-                                 request_id=request_id, cache=cache)
+                                 request_id=request_id, cache=cache, frames=frames)
     if negative_prompt is not None:
         request.negative_prompt = negative_prompt
     if steps is not None:
@@ -152,9 +152,10 @@ class Client:
 
     def generate(self, prompt: str, negative_prompt: str | None = None, *, seed: int = 0,
                  num_inference_steps: int | None = None, guidance_scale: float | None = None,
-                 height: int = 0, width: int = 0, cache: str = "", request_id: str = "") -> pb.GenerateReply:
+                 height: int = 0, width: int = 0, num_frames: int = 0, cache: str = "",
+                 request_id: str = "") -> pb.GenerateReply:
         return generate(self.server, prompt, seed, timeout=self.timeout, steps=num_inference_steps,
-                        guidance=guidance_scale, height=height, width=width, cache=cache,
+                        guidance=guidance_scale, height=height, width=width, frames=num_frames, cache=cache,
                         request_id=request_id, negative_prompt=negative_prompt, **self._auth)
 
     def profile(self) -> pb.Profile:

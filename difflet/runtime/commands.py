@@ -28,6 +28,7 @@ from difflet.runtime.demo import MODELS as DEMO_MODELS  # stdlib-only module: no
 @click.option("--guidance", type=float, default=None, help="guidance scale (default: the profile's)")
 @click.option("--height", type=int, default=0, help="one of the served sizes (0 = the default size)")
 @click.option("--width", type=int, default=0, help="one of the served sizes (0 = the default size)")
+@click.option("--frames", type=int, default=0, help="video: a served frame count (0 = the default)")
 @click.option("--timeout", type=click.FloatRange(0, min_open=True), default=600.0,
               show_default=True, help="deadline in seconds (queue time included)")
 @click.option("--cache", default="", help="step-cache override (default: the server's mode)")
@@ -38,7 +39,7 @@ from difflet.runtime.demo import MODELS as DEMO_MODELS  # stdlib-only module: no
 @click.option("--tls-ca", default=None, type=click.Path(dir_okay=False, exists=True),
               help="connect over TLS, trusting this PEM CA certificate")
 def generate(prompt: str, server: str, seed: int, output: str, negative_prompt: str | None, steps,
-             guidance, height: int, width: int, timeout: float, cache: str, progress: bool | None,
+             guidance, height: int, width: int, frames: int, timeout: float, cache: str, progress: bool | None,
              api_key: str | None, tls_ca: str | None) -> None:
     """Generate one image (PNG) or video (MP4) on a running difflet-runtime and write it."""
     import grpc
@@ -49,7 +50,7 @@ def generate(prompt: str, server: str, seed: int, output: str, negative_prompt: 
     reply = None
     try:
         for event in client.generate_stream(server, prompt, seed, steps=steps, guidance=guidance,
-                                            height=height, width=width, cache=cache,
+                                            height=height, width=width, frames=frames, cache=cache,
                                             negative_prompt=negative_prompt, timeout=timeout,
                                             api_key=api_key, tls_ca=tls_ca):
             if event.HasField("progress"):

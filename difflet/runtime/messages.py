@@ -35,6 +35,7 @@ class RunFields(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     request_id: str
     cache: Union[str, None] = None
     negative_prompt: Union[str, None] = None  # None: the family's default
+    frames: int = 0  # video models: 0 = the profile's frame count
 
 
 class Result(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -141,7 +141,8 @@ class ModelRunner:
             return self.env
         from difflet.ir.buckets import size_of
 
-        size = size_of({**self.env.profile.to_python(), "height": params.height, "width": params.width})
+        size = size_of({**self.env.profile.to_python(), "height": params.height, "width": params.width,
+                        **({"frames": params.frames} if params.frames else {})})
         if size not in self.envs:
             raise DiffletError(f"height/width: {params.width}x{params.height} is not a served size "
                                f"(served: {', '.join(self.envs)})", where="height")
@@ -172,7 +173,7 @@ class ModelRunner:
 
         h, w = int(env.profile["height"]), int(env.profile["width"])
         state, result = self._run(self.resolve(prompt=WARM_UP_PROMPT, seed=0, request_id="warm-up",
-                                               height=h, width=w))
+                                               height=h, width=w, frames=env.profile.get("frames")))
         decoded = state.values.get("decoded")
         problems = []
         if decoded is not None and not bool(torch.isfinite(decoded).all()):

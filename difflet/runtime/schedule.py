@@ -31,6 +31,7 @@ class GenerateParams:
     width: int
     request_id: str = ""
     negative_prompt: str | None = None  # true-CFG families: None = the family's default ("" or " ")
+    frames: int = 0  # video models: the frame count (resolved: never 0 for a video); images: 0
 
 
 @dataclass

@@ -56,7 +56,7 @@ class DiffletServicer(pb_grpc.DiffletServicer):
                 steps=request.steps if request.HasField("steps") else None,
                 guidance=request.guidance if request.HasField("guidance") else None,
                 height=request.height, width=request.width, request_id=request.request_id,
-                cache=request.cache,
+                cache=request.cache, frames=request.frames,
                 negative_prompt=request.negative_prompt if request.HasField("negative_prompt") else None)
         except DiffletError as err:
             self.metrics.rejected("invalid_argument")

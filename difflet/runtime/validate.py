@@ -35,22 +35,41 @@ def _size(field: str, value: int | None, profile: Mapping[str, Any]) -> int:
     return expected
 
 
-def _bucket_size(height: int | None, width: int | None, profile: Mapping[str, Any],
-                 sizes: Sequence[str]) -> tuple[int, int]:
-    """(height, width) of a request to a bucketed artifact: 0/None takes the default's side."""
+def _bucket_size(height: int | None, width: int | None, frames: int | None, profile: Mapping[str, Any],
+                 sizes: Sequence[str]) -> tuple[int, int, int]:
+    """(height, width, frames) of a request to a bucketed artifact: 0/None takes the default's."""
     h = int(height or profile["height"])
     w = int(width or profile["width"])
-    served = {tuple(int(x) for x in s.split("x")[:2]) for s in sizes}
-    if (w, h) not in served:
-        field = "width" if w not in {sw for sw, _ in served} else "height"
+    served = [tuple(int(x) for x in s.split("x")) for s in sizes]
+    if (w, h) not in {s[:2] for s in served}:
+        field = "width" if w not in {s[0] for s in served} else "height"
         raise _fail(field, f"{w}x{h} (width x height) is not a served size; served: {', '.join(sizes)}")
-    return h, w
+    if "frames" not in profile:
+        return h, w, 0
+    f = int(frames or profile["frames"])
+    if (w, h, f) not in served:
+        counts = ", ".join(str(s[2]) for s in served if s[:2] == (w, h))
+        raise _fail("frames", f"{f} frames are not served at {w}x{h} (served: {counts})")
+    return h, w, f
+
+
+def _frames(frames: int | None, profile: Mapping[str, Any]) -> int:
+    if "frames" not in profile:
+        if frames:
+            raise _fail("frames", f"{frames}: this model makes images, not videos")
+        return 0
+    expected = int(profile["frames"])
+    if frames and frames != expected:
+        raise _fail("frames", f"{frames} does not match the serving profile ({expected}); the frame "
+                              "count is compiled in, so serve another profile (or shape buckets) for others")
+    return expected
 
 
 def resolve_request(profile: Mapping[str, Any], *, prompt: str, seed: int, steps: int | None = None,
                     guidance: float | None = None, height: int | None = None,
                     width: int | None = None, request_id: str = "",
-                    negative_prompt: str | None = None, sizes: Sequence[str] = ()) -> GenerateParams:
+                    negative_prompt: str | None = None, sizes: Sequence[str] = (),
+                    frames: int | None = None) -> GenerateParams:
     """Check one request against `profile` (and the served `sizes` of a bucketed artifact) and
     fill defaults; raises DiffletError naming the field."""
     if not isinstance(prompt, str) or not prompt.strip():
@@ -66,10 +85,11 @@ def resolve_request(profile: Mapping[str, Any], *, prompt: str, seed: int, steps
     if negative_prompt is not None and not isinstance(negative_prompt, str):
         raise _fail("negative_prompt", "must be a string")
     if len(sizes) > 1:
-        height, width = _bucket_size(height, width, profile, sizes)
+        height, width, frames = _bucket_size(height, width, frames, profile, sizes)
     else:
         height, width = _size("height", height, profile), _size("width", width, profile)
+        frames = _frames(frames, profile)
     return GenerateParams(
         negative_prompt=negative_prompt, prompt=prompt, seed=int(seed), steps=steps, guidance=guidance,
-        height=height, width=width, request_id=request_id or uuid.uuid4().hex[:16],
+        height=height, width=width, request_id=request_id or uuid.uuid4().hex[:16], frames=frames,
     )

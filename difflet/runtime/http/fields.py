@@ -132,11 +132,15 @@ def image_request(body: Any, info) -> tuple[dict[str, Any], dict[str, Any]]:
 def video_request(body: Any, info, fps: float) -> dict[str, Any]:
     """Admission.check kwargs (without request_id) of a `POST /v1/videos` body."""
     fields = _common(body, info, VIDEO_FIELDS)
-    frames = int(info.profile["frames"])
+    size = f"{fields['width']}x{fields['height']}"
+    served = [int(s.rsplit("x", 1)[1]) for s in info.manifest.sizes if s.rsplit("x", 1)[0] == size]
+    frames = served[0] if size != f"{info.profile['width']}x{info.profile['height']}" else int(info.profile["frames"])
     num_frames = _type(body, "num_frames", (int,), "an integer")
-    if num_frames is not None and num_frames != frames:
+    if num_frames is not None and num_frames not in served:
         raise bad_field("num_frames", f"{num_frames} is not served: the frame count is compiled in, "
-                                      f"this server serves {frames}")
+                                      f"this server serves {', '.join(map(str, served))} at {size}")
+    frames = num_frames if num_frames is not None else frames
+    fields["frames"] = frames
     rate = _number(body, "fps")
     if rate is not None and rate != fps:
         raise bad_field("fps", f"{rate:g} is not served: this model writes {fps:g} fps")

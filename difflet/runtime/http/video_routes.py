@@ -23,7 +23,7 @@ class VideoRoutes:
         fields = self._parse(F.video_request, body, api.info, api.fps)
         job = self._submit(fields, api.new_id("video"), timeout)
         video = api.videos.add(job, api.model_id, f"{fields['width']}x{fields['height']}",
-                               api.frames, api.fps)
+                               fields["frames"], api.fps)
         self._json(200, video.to_json())
 
     def video_list(self, *_):
