@@ -115,7 +115,9 @@ def test_hunyuan_tp4_uses_most_of_the_core_and_tp2_does_not_fit_beside_replicate
     r = _cli(lowered["hunyuan-video"][1], "--list-legal", "--target", "trn2", "--cores", "4")
     row = next(l for l in r.output.splitlines() if l.startswith("| tp4 |"))
     gib = float(row.split("|")[2].split()[0])
-    assert 0.8 * 24 < gib <= 24 and row.rstrip().endswith("| legal |")
+    # the planner accepts it (memory fits); codegen does not build HunyuanVideo split programs yet
+    assert 0.8 * 24 < gib <= 24 and "| not-built (transformer): split programs of " \
+        "diffusers.HunyuanVideoTransformer3DModel are not built yet" in row
     for parallel in ("dp2xtp2", "tp2cp2"):
         # the replicated Llama (14 GiB) is the largest holder per core, so the rule names it
         with pytest.raises(DiffletError, match=r"rule memory, component text_encoder\)"):
@@ -140,7 +142,7 @@ def test_list_legal_golden(lowered, name):
     ("qwen-image", "tp2cp2", "memory, component transformer", "models/qwen-image.dsl:41:1",
      "legal on trn2 with 4 cores: tp4, tp4+sp"),
     ("flux", "tp4 --component-tp text_encoder_2=3", "component-tp, component text_encoder_2",
-     "models/flux.dsl:38:1", "without --component-tp: tp4"),
+     "models/flux.dsl:40:1", "without --component-tp: tp4"),
 ])
 def test_illegal_plans_exit_2_with_rule_component_location_alternatives(lowered, tmp_path, name,
                                                                         parallel, rule, where, extra):

@@ -41,12 +41,12 @@ def probe_node(module: Module) -> Node | None:
     found = module.find(Op.PROBE)
     if not found:
         return None
+    from difflet.passes.built import probe_reason
+
     node = found[0]
-    if node.attrs.get("mode") != "separate":
-        raise DiffletError(f"probe mode {node.attrs.get('mode')!r} is not supported by codegen yet; "
-                           "use `difflet opt --probe separate`", where="--probe")
-    if _class_name(node) not in USED_INPUTS:
-        raise DiffletError(f"no probe program for denoiser class {node.attrs.get('class')!r}", where=node.loc)
+    reason = probe_reason(node)  # the planner's verdict (difflet/passes/built.py)
+    if reason:
+        raise DiffletError(reason, where="--probe" if node.attrs.get("mode") != "separate" else node.loc)
     return node
 
 

@@ -57,15 +57,12 @@ def layout_of(node: Node) -> Node:
 
 
 def unsupported_reason(node: Node) -> str | None:
-    """Why codegen cannot build this component's layout (None when it can)."""
-    la = layout_of(node).attrs
-    if la.get("world", 1) == 1:
-        return None
-    if node.attrs.get("class") not in CLASS_FACTS:
-        return f"split layouts are supported for {', '.join(CLASS_FACTS)} only, not {node.attrs.get('class')}"
-    if la.get("cfg", 1) != 1 or la.get("dp", 1) != 1:
-        return f"cfg/dp layouts (cfg={la.get('cfg')}, dp={la.get('dp')}) are not built by codegen yet"
-    return None
+    """Why codegen cannot build this component's layout (None when it can): the planner's own
+    verdict (difflet/passes/built.py), so `--list-legal` and codegen never disagree."""
+    from difflet.passes.built import layout_reason
+
+    layout_of(node)  # a component without exactly one layout is not planned
+    return layout_reason(node)
 
 
 class FluxSplitAttnProcessor(FluxBoundedAttnProcessor):

@@ -2,14 +2,16 @@
 
 Invariant: a row is judged by exactly the passes `optimize` runs before compiling
 (component_tp.resolve + plan-parallel, extract-probe, legality), so the table and `optimize`
-never disagree; each row also carries every encoder/decoder's tp and which were raised.
+never disagree; each row also carries every encoder/decoder's tp and which were raised, and
+what codegen would refuse of a legal plan (difflet/passes/built.py): such a row reads
+"not-built", never "legal".
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from difflet.ir.nodes import Module
-from difflet.passes import component_tp, legality, memory
+from difflet.passes import built, component_tp, legality, memory
 from difflet.passes.extract_probe import extract_probe
 from difflet.passes.parallel_config import ParallelConfig, enumerate_configs
 from difflet.passes.plan_parallel import plan_parallel
@@ -23,6 +25,7 @@ class Row:
     violations: tuple[legality.Violation, ...]
     component_tp: tuple[tuple[str, int], ...] = ()   # every encoder/decoder's own tp
     auto: tuple[str, ...] = ()                       # those raised by component_tp.resolve
+    unbuilt: tuple[tuple[str, str], ...] = ()        # (component, reason) codegen would refuse
 
     def components(self) -> str:
         """The encoders/decoders not at tp1, e.g. `text_encoder tp2 (auto)`; `all tp1` if none."""
@@ -32,7 +35,13 @@ class Row:
 
     @property
     def legal(self) -> bool:
+        """The planner accepts it (what `difflet opt` checks)."""
         return not self.violations
+
+    @property
+    def buildable(self) -> bool:
+        """Legal and built by codegen: what --list-legal calls "legal"."""
+        return self.legal and not self.unbuilt
 
 
 def judge(m: Module, opts, config: ParallelConfig) -> Row:
@@ -41,7 +50,7 @@ def judge(m: Module, opts, config: ParallelConfig) -> Row:
     planned = extract_probe(plan_parallel(m, config, ctp, auto), opts.probe)
     found = legality.check(planned, target, opts.backend, config.world)
     return Row(config, memory.estimate(planned, target).total / memory.GIB, tuple(found),
-               tuple(ctp.items()), auto)
+               tuple(ctp.items()), auto, tuple(built.reasons(planned, opts.backend)))
 
 
 def rows(m: Module, opts, cores: int) -> list[Row]:
@@ -49,6 +58,7 @@ def rows(m: Module, opts, cores: int) -> list[Row]:
 
 
 def legal_labels(m: Module, opts) -> list[str]:
+    """Configurations the planner accepts (built or not: an illegal plan's alternatives)."""
     return [r.config.label() for r in rows(m, opts, opts.parallel.world) if r.legal]
 
 
@@ -64,9 +74,13 @@ def table(m: Module, opts, cores: int) -> str:
 
 
 def verdict(r: Row) -> str:
-    """`legal`, or the first violation's rule, component and first message line."""
-    if r.legal:
+    """`legal`, the first violation's rule, component and first message line, or `not-built`
+    with the component and why codegen refuses it."""
+    if r.buildable:
         return "legal"
+    if r.legal:
+        comp, reason = r.unbuilt[0]
+        return f"not-built ({comp}): {reason}"
     v = r.violations[0]
     where = f" ({v.component})" if v.component else ""
     return f"{v.rule}{where}: {v.message.splitlines()[0]}"

@@ -83,7 +83,8 @@ def hidden_size(comp: Node) -> int:
     if sizes:
         return max(sizes)
     cfg = config(comp)
-    return int(cfg.get("hidden_size") or cfg.get("d_model") or 0)
+    heads_width = int(cfg.get("num_attention_heads") or 0) * int(cfg.get("attention_head_dim") or 0)
+    return int(cfg.get("hidden_size") or cfg.get("d_model") or heads_width)
 
 
 def mlp_hidden(comp: Node) -> int:

@@ -1,0 +1,51 @@
+"""What codegen builds, as data the planner reads: `--list-legal` never calls legal what
+`difflet codegen` refuses, and codegen refuses with the same words.
+
+Invariants:
+- Torch-free. `SPLIT_BUILT` / `PROBE_BUILT` name the denoiser classes whose split programs /
+  probe program codegen builds (difflet/codegen/split_layout.py `CLASS_FACTS`, probe.py
+  `USED_INPUTS`); tests/test_passes_built.py checks that those tables and these agree.
+- A legal plan is buildable iff `reasons(planned, backend)` is empty; codegen raises the first
+  reason of the component it is about to build (`layout_reason`, `probe_reason`).
+"""
+from __future__ import annotations
+
+from difflet.ir.nodes import Module, Node, Op
+
+SPLIT_BUILT = ("diffusers.FluxTransformer2DModel", "diffusers.QwenImageTransformer2DModel")
+PROBE_BUILT = ("diffusers.FluxTransformer2DModel",)
+SPLIT_BACKENDS = ("inductor",)
+
+
+def layout_reason(comp: Node, backend: str = "inductor") -> str | None:
+    """Why codegen cannot build this planned component's layout (None when it can)."""
+    layouts = comp.find(Op.LAYOUT)
+    la = layouts[0].attrs if layouts else None
+    if la is None or la.get("world", 1) == 1:
+        return None
+    cls = comp.attrs.get("class")
+    if cls not in SPLIT_BUILT:
+        built = ", ".join(c.rpartition(".")[2] for c in SPLIT_BUILT)
+        return f"split programs of {cls} are not built yet (built: {built})"
+    if la.get("cfg", 1) != 1 or la.get("dp", 1) != 1:
+        return f"cfg/dp layouts (cfg={la.get('cfg')}, dp={la.get('dp')}) are not built by codegen yet"
+    if backend not in SPLIT_BACKENDS:
+        return f"split programs are built for the {', '.join(SPLIT_BACKENDS)} backend only so far, not {backend}"
+    return None
+
+
+def probe_reason(probe: Node) -> str | None:
+    """Why codegen cannot build this probe node (None when it can)."""
+    if probe.attrs.get("mode") != "separate":
+        return (f"probe mode {probe.attrs.get('mode')!r} is not supported by codegen yet; use "
+                "`difflet opt --probe separate`")
+    if probe.attrs.get("class") not in PROBE_BUILT:
+        return f"no probe program for denoiser class {probe.attrs.get('class')!r}"
+    return None
+
+
+def reasons(planned: Module, backend: str = "inductor") -> list[tuple[str, str]]:
+    """(component, reason) for everything in a planned module that codegen would refuse."""
+    out = [(c.name, r) for c in planned.components() if (r := layout_reason(c, backend))]
+    out += [(p.name, r) for p in planned.find(Op.PROBE) if (r := probe_reason(p))]
+    return out
