@@ -205,3 +205,18 @@ def test_503_before_the_warm_up_passed(flux_tiny_art, tmp_path):
         assert call_json(http_address, "GET", "/health") == (200, {"status": "serving"})
     finally:
         assert stop_server(proc) == 0
+
+
+def test_truncation_is_reported_as_grpc_reports_it(server):
+    """A prompt past the encoders' limits: each image item carries gRPC's `truncated` list."""
+    long_prompt = " ".join(["a red fox in the snow"] * 20)
+    reply = grpc_client.generate(server[1], long_prompt, 5, steps=1, timeout=300)
+    status, body = call_json(server[2], "POST", "/v1/images/generations",
+                             {"prompt": long_prompt, "seed": 5, "num_inference_steps": 1})
+    assert status == 200, body
+    want = [{"field": c.field, "encoder": c.encoder, "tokens": c.tokens, "kept": c.kept, "dropped": c.dropped}
+            for c in reply.truncated]
+    assert want and body["data"][0]["truncated"] == want
+    status, body = call_json(server[2], "POST", "/v1/images/generations",
+                             {"prompt": PROMPT, "seed": 5, "num_inference_steps": 1})
+    assert status == 200 and "truncated" not in body["data"][0]

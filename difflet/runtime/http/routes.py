@@ -3,17 +3,20 @@
 Invariants:
 - The API key (when set) is checked from the headers before the body is read; a refused
   request never reaches admission (401 and the connection is closed).
-- Images mirror `DiffletServicer.Generate`: Admission.check -> Dispatcher.submit -> wait until
+- Images mirror `DiffletServicer.Generate`: Admission.admit -> Dispatcher.submit -> wait until
   answered or the deadline (then Dispatcher.expire) -> reply; a client that disconnects while
   it waits cancels its job (plain-text connections; see docs/serving.md). `stream: true`
   answers Server-Sent Events: one per step, then the completed image.
 - Refusals are counted in the shared metrics exactly as the gRPC servicer counts them.
+- A truncated prompt is logged as gRPC logs it, and each image item carries `truncated` (field,
+  encoder, tokens, kept, dropped), the gRPC reply's list.
 """
 from __future__ import annotations
 
 import base64
 import hmac
 import json
+import logging
 import select
 import socket
 import ssl
@@ -28,6 +31,7 @@ from difflet.runtime.http import fields as F
 from difflet.runtime.http.errors import ApiError, bad_field, from_admission, from_job, from_rejected
 from difflet.runtime.http.video_routes import VideoRoutes
 
+log = logging.getLogger("difflet.runtime")  # the gRPC servicer's logger: one log for both fronts
 PLAYGROUND = Path(__file__).with_name("playground.html")
 MAX_BODY = 1 << 20
 PUBLIC = {"/", "/health"}  # no key needed: a static page and a liveness probe
@@ -42,6 +46,7 @@ class Handler(VideoRoutes, BaseHTTPRequestHandler):
     # ---- plumbing
     def setup(self) -> None:
         super().setup()
+        self._cuts: dict[str, list[dict]] = {}  # request id -> its prompt truncations (this connection)
         if isinstance(self.connection, ssl.SSLSocket):  # the handshake in this thread, not accept()
             self.connection.settimeout(30)
             self.connection.do_handshake()
@@ -156,19 +161,26 @@ class Handler(VideoRoutes, BaseHTTPRequestHandler):
 
     # ---- admission, shared by images and videos
     def _submit(self, fields: dict, request_id: str, timeout):
+        """The admitted job; what admission cut of its prompt is logged and kept for the reply."""
         api = self.api
         try:
-            checked = api.admission.check(**fields, request_id=request_id)
+            checked, cuts = api.admission.admit(**fields, request_id=request_id)
         except DiffletError as err:
             api.metrics.rejected("invalid_argument")
             raise from_admission(err) from None
         limits = [t for t in (timeout, api.request_timeout) if t]
         deadline = time.monotonic() + min(limits) if limits else None
         try:
-            return api.dispatcher.submit(checked, deadline)
+            job = api.dispatcher.submit(checked, deadline)
         except Rejected as rej:
             api.metrics.rejected(rej.reason)
             raise from_rejected(rej) from None
+        if cuts:
+            log.warning("request %s: prompt truncated: %s", job.request_id,
+                        "; ".join(cut.describe() for cut in cuts))
+        self._cuts[job.request_id] = [{"field": c.field, "encoder": c.encoder, "tokens": c.tokens,
+                                       "kept": c.limit, "dropped": c.dropped} for c in cuts]
+        return job
 
     def _parse(self, parse, *args):
         """A body parser's result; its 400/404 counts as an invalid_argument reject, like gRPC's."""
@@ -227,6 +239,8 @@ class Handler(VideoRoutes, BaseHTTPRequestHandler):
     def _image_item(self, job, opts) -> dict:
         image, fmt = self.api.encode_image(job.result["png"], opts["output_format"])
         item = {"revised_prompt": job.fields.prompt, "seed": job.result["seed"]}
+        if self._cuts.get(job.request_id):  # as gRPC's `truncated`: one entry per encoder that cut
+            item["truncated"] = self._cuts[job.request_id]
         if opts["response_format"] == "url":
             name = f"{job.request_id}.{fmt}"
             try:
