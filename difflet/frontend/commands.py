@@ -25,8 +25,9 @@ def lower(dsl: str, profile: str, weights: str | None, shapes: str, output: str 
     from difflet.frontend.lower import lower_file
     from difflet.frontend.profile import parse_profile_arg
 
-    sizes = [s for s in (p.strip() for p in shapes.split(",")) if s]
-    module = lower_file(dsl, parse_profile_arg(profile), weights, sizes or None)
+    from difflet.ir.buckets import split_sizes
+
+    module = lower_file(dsl, parse_profile_arg(profile), weights, split_sizes(shapes) or None)
     if output is None:
         from difflet.ir.text import print_module
 

@@ -45,7 +45,9 @@ def lower_file(path: str | Path, overrides: dict[str, str] | None = None, weight
     module = lower_text(text, str(path), overrides, weights)
     listed = module.attrs["profile"].get("shapes")
     if not shapes and isinstance(listed, str):
-        shapes = [s for s in (p.strip() for p in listed.split(",")) if s]
+        from difflet.ir.buckets import split_sizes
+
+        shapes = split_sizes(listed)
     if not shapes:
         return module
     return lower_buckets(text, str(path), shapes, overrides, weights, "frames" in module.attrs["profile"].keys())

@@ -40,6 +40,11 @@ def parse_size(text: str, video: bool, where: str = "--shapes") -> dict[str, int
     return size
 
 
+def split_sizes(text: str) -> list[str]:
+    """"1024x1024, 1344x768" -> ["1024x1024", "1344x768"] (CLI `--shapes`, profile `shapes`)."""
+    return [s for s in (p.strip() for p in text.split(",")) if s]
+
+
 def buckets(module: Module) -> tuple[str, ...]:
     """The module's sizes; () for a single-size module."""
     return tuple(module.attrs.get("buckets") or ())
