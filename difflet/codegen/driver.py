@@ -142,6 +142,8 @@ def _codegen(module: Module, weights, out: Path, backend: str, store, log, verbo
     (out / "programs").mkdir(parents=True, exist_ok=True)
     (out / "weights").mkdir(parents=True, exist_ok=True)
     (out / MANIFEST).unlink(missing_ok=True)  # an ART without manifest is unfinished, never stale-but-valid
+    for name in {base_name(c) for c in module.components() if c.attrs.get("bucket") is not None}:
+        (out / program_paths(name)[1]).unlink(missing_ok=True)  # shared weights: rewritten once below
     result = CodegenResult(out)
     nodes = program_nodes(module)
     entries: dict[str, Component] = {}
@@ -240,8 +242,8 @@ def emit_program(module: Module, name: str, ckpt: Path, store, backend: str, out
 
 def _bucket_files(node: Node, pm, weights: dict, out: Path, prog_rel: str) -> RankFiles:
     """A bucket program's files: the checkpoint's tensors in one file that every size of the
-    component shares (loaded once), its graph-made constants (size-dependent tables) in its own.
-    The shared file is replaced atomically: concurrent compile workers write identical bytes."""
+    component shares (loaded once; written once per codegen, by whichever size comes first), its
+    graph-made constants (size-dependent tables) in its own."""
     from safetensors.torch import save_file
 
     from difflet.codegen.inductor import module_tensors
@@ -249,8 +251,13 @@ def _bucket_files(node: Node, pm, weights: dict, out: Path, prog_rel: str) -> Ra
     known = module_tensors(pm)
     shared_rel = program_paths(base_name(node))[1]
     constants_rel = program_paths(node.name)[1].replace(".safetensors", ".constants.safetensors")
-    tmp = out / f"{shared_rel}.{os.getpid()}.tmp"
-    save_file({k: v for k, v in weights.items() if k in known}, str(tmp))
-    os.replace(tmp, out / shared_rel)
+    if not (out / shared_rel).exists():  # _codegen removed last run's; the first size writes it
+        tmp = out / f"{shared_rel}.{os.getpid()}.tmp"
+        save_file({k: v for k, v in weights.items() if k in known}, str(tmp))
+        try:
+            os.link(tmp, out / shared_rel)  # atomic, and refused if a concurrent worker was first
+        except FileExistsError:
+            pass
+        tmp.unlink()
     save_file({k: v for k, v in weights.items() if k not in known}, str(out / constants_rel))
     return RankFiles(file_ref(out, prog_rel), file_ref(out, shared_rel), constants=file_ref(out, constants_rel))
