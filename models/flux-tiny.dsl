@@ -11,6 +11,7 @@ profile {
     max_text = 32
     clip_len = 16
     dtype    = float32
+    batch    = 1   # requests per denoiser call (`difflet lower --batch-sizes` adds more)
 }
 
 runtime valid_text: int64 in [1, max_text] default max_text
@@ -49,15 +50,15 @@ denoiser transformer = diffusers.FluxTransformer2DModel from "transformer" {
         pooled_projection_dim: 32, guidance_embeds: true, axes_dims_rope: [4, 6, 6]
     }
     dtype dtype
-    input hidden_states:         dtype[1, (height / 4) * (width / 4), 16]
-    input encoder_hidden_states: dtype[1, max_text, 32]
-    input pooled_projections:    dtype[1, 32]
-    input timestep:              dtype[1]
+    input hidden_states:         dtype[batch, (height / 4) * (width / 4), 16]
+    input encoder_hidden_states: dtype[batch, max_text, 32]
+    input pooled_projections:    dtype[batch, 32]
+    input timestep:              dtype[batch]
     input img_ids:               dtype[(height / 4) * (width / 4), 3]
     input txt_ids:               dtype[max_text, 3]
-    input guidance:              float32[1]   # the pipeline builds it in fp32
+    input guidance:              float32[batch]   # the pipeline builds it in fp32
     input valid_text: runtime valid_text
-    output sample: dtype[1, (height / 4) * (width / 4), 16] select 0
+    output sample: dtype[batch, (height / 4) * (width / 4), 16] select 0
 
     attention "transformer_blocks.*.attn": joint
         heads 2 head_dim 16 order (text, visual) text_mask false valid valid_text

@@ -15,6 +15,7 @@ profile {
     max_text = 512      # T5 max_sequence_length, padded to max_length
     clip_len = 77       # CLIP gives only the pooled vector
     dtype    = bfloat16
+    batch    = 1        # requests per denoiser call; `--batch-sizes` compiles more
 }
 
 runtime valid_text: int64 in [1, max_text] default max_text
@@ -59,18 +60,18 @@ denoiser transformer = diffusers.FluxTransformer2DModel from "transformer" {
     }
     dtype dtype
     # visual tokens: pixels / (VAE scale 2**(len - 1) * pack 2), per side
-    input hidden_states: dtype[1, (height / 2 ** len(vae.block_out_channels))
-                                  * (width / 2 ** len(vae.block_out_channels)), transformer.in_channels]
-    input encoder_hidden_states: dtype[1, max_text, transformer.joint_attention_dim]
-    input pooled_projections:    dtype[1, transformer.pooled_projection_dim]
-    input timestep:              dtype[1]
+    input hidden_states: dtype[batch, (height / 2 ** len(vae.block_out_channels))
+                                      * (width / 2 ** len(vae.block_out_channels)), transformer.in_channels]
+    input encoder_hidden_states: dtype[batch, max_text, transformer.joint_attention_dim]
+    input pooled_projections:    dtype[batch, transformer.pooled_projection_dim]
+    input timestep:              dtype[batch]
     input img_ids: dtype[(height / 2 ** len(vae.block_out_channels))
                          * (width / 2 ** len(vae.block_out_channels)), 3]
     input txt_ids:               dtype[max_text, 3]
-    input guidance:              float32[1]   # the pipeline builds it in fp32
+    input guidance:              float32[batch]   # the pipeline builds it in fp32
     input valid_text: runtime valid_text
-    output sample: dtype[1, (height / 2 ** len(vae.block_out_channels))
-                            * (width / 2 ** len(vae.block_out_channels)), transformer.in_channels] select 0
+    output sample: dtype[batch, (height / 2 ** len(vae.block_out_channels))
+                                * (width / 2 ** len(vae.block_out_channels)), transformer.in_channels] select 0
 
     # one softmax over [text, visual]; no mask in the reference (padding is attended)
     attention "transformer_blocks.*.attn": joint

@@ -103,7 +103,7 @@ def test_audio_sites_are_checked_against_the_audio_config_keys() -> None:
 @pytest.mark.parametrize("profile, where, message", [
     ("heigth=64", "models/flux-tiny.dsl:4:1",
      "--profile: unknown profile parameter 'heigth' (known: height, width, steps, guidance, "
-     "max_text, clip_len, dtype)"),
+     "max_text, clip_len, dtype, batch)"),
     ("height=64.5", "models/flux-tiny.dsl:7:5",
      "--profile height='64.5': expected an integer like the default 32"),
     ("steps=four", "models/flux-tiny.dsl:9:5",
@@ -120,7 +120,7 @@ def test_bad_profile_override_is_located_at_the_parameter(profile: str, where: s
 def test_profile_override_that_breaks_a_shape_is_located_in_the_dsl() -> None:
     r = _lower("models/flux-tiny.dsl", "--profile", "height=34")
     assert r.exit_code == 2
-    assert r.stderr.startswith("error: models/flux-tiny.dsl:52:") and "does not divide exactly" in r.stderr
+    assert r.stderr.startswith("error: models/flux-tiny.dsl:53:") and "does not divide exactly" in r.stderr
 
 
 def test_malformed_profile_argument() -> None:

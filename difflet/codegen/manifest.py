@@ -117,10 +117,17 @@ class Manifest(_Strict):
 
     @property
     def sizes(self) -> tuple[str, ...]:
-        """Every served size, the default (the profile's) first."""
-        from difflet.ir.buckets import size_of
+        """Every served size, the default (the profile's) first (batch buckets left out)."""
+        from difflet.ir.buckets import served_sizes, size_of
 
-        return self.buckets or (size_of(self.profile),)
+        return served_sizes(self.buckets) if self.buckets else (size_of(self.profile),)
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        """The compiled batch sizes of the batch-dependent programs, ascending; (1,) if none."""
+        from difflet.ir.buckets import batch_sizes
+
+        return batch_sizes(self.buckets)
 
     @property
     def probe(self) -> tuple[str, Component] | None:

@@ -1,4 +1,4 @@
-"""`difflet lower FILE.dsl [--profile k=v,...] [--weights DIR] [--shapes WxH,...] [-o OUT.ir]`: the frontend's CLI command.
+"""`difflet lower FILE.dsl [--profile k=v,...] [--weights DIR] [--shapes WxH,...] [--batch-sizes 1,2,4] [-o OUT.ir]`: the frontend's CLI command.
 
 Invariant: torch is imported only inside the command body (via lowering's parameter counts);
 errors are DiffletErrors, which the CLI group prints as `error: file:line:col: ...`, exit 2.
@@ -18,16 +18,22 @@ import click
 @click.option("--shapes", default="", metavar="WxH[,WxH...]",
               help="Serve several sizes from one artifact (video: WxHxF): size-dependent "
                    "components get a program per size, the rest one program.")
+@click.option("--batch-sizes", "batches", default="", metavar="1[,B...]",
+              help="Also compile the batch-dependent components (the denoiser) at these batch "
+                   "sizes, so concurrent requests of one size run as one batched call; the "
+                   "description's profile needs a `batch` parameter.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Write the binary IR here (default: print the text IR to stdout).")
-def lower(dsl: str, profile: str, weights: str | None, shapes: str, output: str | None) -> None:
+def lower(dsl: str, profile: str, weights: str | None, shapes: str, batches: str,
+          output: str | None) -> None:
     """Lower a model description to pipeline IR for one serving profile."""
     from difflet.frontend.lower import lower_file
     from difflet.frontend.profile import parse_profile_arg
 
-    from difflet.ir.buckets import split_sizes
+    from difflet.ir.buckets import split_batches, split_sizes
 
-    module = lower_file(dsl, parse_profile_arg(profile), weights, split_sizes(shapes) or None)
+    module = lower_file(dsl, parse_profile_arg(profile), weights, split_sizes(shapes) or None,
+                        split_batches(batches) or None)
     if output is None:
         from difflet.ir.text import print_module
 

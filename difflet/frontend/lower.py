@@ -33,35 +33,48 @@ ATTENTION_FIELDS = ("heads", "head_dim", "order", "text_mask", "valid")
 
 
 def lower_file(path: str | Path, overrides: dict[str, str] | None = None, weights: str | None = None,
-               shapes: Sequence[str] | None = None) -> Module:
+               shapes: Sequence[str] | None = None, batches: Sequence[int] | None = None) -> Module:
     """Parse and lower a `.dsl` file for the profile with `overrides` (CLI `--profile k=v`),
     taking `config from checkpoint` configs from `weights` (CLI `--weights`) when given; with
     `shapes` (CLI `--shapes WxH,...`, else the profile's `shapes = "WxH,..."`), one bucketed
-    module serving every size (difflet/ir/buckets.py)."""
+    module serving every size (difflet/ir/buckets.py); with `batches` (CLI `--batch-sizes 1,2,4`,
+    else the profile's `batch_sizes = "1,2,4"`), every size also at each batch size."""
     try:
         text = Path(path).read_text()
     except OSError as err:
         raise DiffletError(f"cannot read model description: {err.strerror}", where=str(path)) from None
     module = lower_text(text, str(path), overrides, weights)
-    listed = module.attrs["profile"].get("shapes")
-    if not shapes and isinstance(listed, str):
-        from difflet.ir.buckets import split_sizes
+    from difflet.ir.buckets import size_of, split_batches, split_sizes
 
-        shapes = split_sizes(listed)
-    if not shapes:
+    profile = module.attrs["profile"]
+    if not shapes and isinstance(profile.get("shapes"), str):
+        shapes = split_sizes(profile["shapes"])
+    if not batches and isinstance(profile.get("batch_sizes"), str):
+        batches = split_batches(profile["batch_sizes"], where=f"{path}: profile batch_sizes")
+    if batches and batches != [1] and "batch" not in profile.keys():
+        raise DiffletError("batch sizes need a `batch` profile parameter that the denoiser's "
+                           "per-sample shapes use (e.g. `dtype[batch, tokens, channels]`)",
+                           where=module.loc)
+    if not shapes and not (batches and batches != [1]):
         return module
-    return lower_buckets(text, str(path), shapes, overrides, weights, "frames" in module.attrs["profile"].keys())
+    return lower_buckets(text, str(path), shapes or [size_of(profile)], overrides, weights,
+                         "frames" in profile.keys(), batches or [1])
 
 
 def lower_buckets(text: str, path: str, shapes: Sequence[str], overrides: dict[str, str] | None = None,
-                  weights: str | None = None, video: bool = False) -> Module:
-    """The description lowered at each size ("WxH", video "WxHxF") and merged into one module."""
+                  weights: str | None = None, video: bool = False,
+                  batches: Sequence[int] = (1,)) -> Module:
+    """The description lowered at each size ("WxH", video "WxHxF") and batch size, merged into
+    one module (buckets in that order: every batch size of the first size first)."""
     from difflet.ir.buckets import merge, parse_size
 
     modules = []
     for size in shapes:
-        sized = {k: str(v) for k, v in parse_size(size, video).items()}
-        modules.append(lower_text(text, path, {**(overrides or {}), **sized}, weights))
+        for batch in batches:
+            sized = {k: str(v) for k, v in parse_size(size, video).items()}
+            if batch != 1:
+                sized["batch"] = str(batch)
+            modules.append(lower_text(text, path, {**(overrides or {}), **sized}, weights))
     return merge(modules)
 
 

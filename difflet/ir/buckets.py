@@ -2,8 +2,10 @@
 
 A bucketed module is the merge of modules lowered (or planned) from one description at several
 sizes. Invariants:
-- attrs `buckets` lists the sizes in order ("WxH", or "WxHxF" for video); the module's profile
-  and every other module attr are the first size's.
+- attrs `buckets` lists the sizes in order ("WxH", or "WxHxF" for video, with a "bN" suffix for
+  batch size N > 1 of a description whose profile has `batch`); the module's profile and every
+  other module attr are the first size's. A batch bucket is a program variant of its size, not a
+  size a request asks for: `served_sizes` leaves them out.
 - A component whose node is the same at every size appears once (size-independent: one program,
   compiled once); any other appears once per size, named `NAME@SIZE`, with attr `bucket = SIZE`.
 - Runtime values and the schedule do not depend on the size (merging refuses them otherwise).
@@ -19,17 +21,19 @@ from difflet.errors import DiffletError
 from difflet.ir.nodes import Attrs, Module, Node, Op
 
 SEP = "@"
-_SIZE = re.compile(r"(\d+)x(\d+)(?:x(\d+))?\Z")
+_SIZE = re.compile(r"(\d+)x(\d+)(?:x(\d+))?(?:b(\d+))?\Z")
 
 
 def size_of(profile: Any) -> str:
-    """"WxH" (or "WxHxF" when the profile has frames) of a profile mapping."""
-    frames = profile.get("frames")
-    return f"{profile['width']}x{profile['height']}" + (f"x{frames}" if frames is not None else "")
+    """"WxH" (or "WxHxF" when the profile has frames; "...bN" when its batch N is not 1)."""
+    frames, batch = profile.get("frames"), int(profile.get("batch", 1))
+    return (f"{profile['width']}x{profile['height']}" + (f"x{frames}" if frames is not None else "")
+            + (f"b{batch}" if batch != 1 else ""))
 
 
 def parse_size(text: str, video: bool, where: str = "--shapes") -> dict[str, int]:
-    """"1344x768" -> {"width": 1344, "height": 768}; video sizes need the frame count ("WxHxF")."""
+    """"1344x768" -> {"width": 1344, "height": 768}; video sizes need the frame count ("WxHxF");
+    a "bN" suffix (batch buckets) adds {"batch": N}."""
     m = _SIZE.match(text.strip())
     if m is None or bool(m.group(3)) != video:
         want = "WxHxF (width x height x frames)" if video else "WxH (width x height)"
@@ -37,7 +41,41 @@ def parse_size(text: str, video: bool, where: str = "--shapes") -> dict[str, int
     size = {"width": int(m.group(1)), "height": int(m.group(2))}
     if video:
         size["frames"] = int(m.group(3))
+    if m.group(4):
+        size["batch"] = int(m.group(4))
     return size
+
+
+def batch_of(size: str) -> int:
+    """The batch size of a bucket key ("32x32b4" -> 4, "32x32" -> 1)."""
+    head, b, tail = size.rpartition("b")
+    return int(tail) if b and tail.isdigit() else 1
+
+
+def unbatched(size: str) -> str:
+    """The size a request asks for, of a bucket key ("32x32b4" -> "32x32")."""
+    return size.rpartition("b")[0] if batch_of(size) != 1 else size
+
+
+def served_sizes(sizes: Sequence[str]) -> tuple[str, ...]:
+    """The sizes requests may ask for (batch buckets left out), in order."""
+    return tuple(s for s in sizes if batch_of(s) == 1)
+
+
+def batch_sizes(sizes: Sequence[str]) -> tuple[int, ...]:
+    """The compiled batch sizes, ascending ((1,) when there are no batch buckets)."""
+    return tuple(sorted({1, *(batch_of(s) for s in sizes)}))
+
+
+def split_batches(text: str, where: str = "--batch-sizes") -> list[int]:
+    """"1,2,4" -> [1, 2, 4] (CLI `--batch-sizes`, profile `batch_sizes`); 1 must be listed."""
+    try:
+        out = [int(p) for p in (p.strip() for p in text.split(",")) if p]
+    except ValueError:
+        raise DiffletError(f"batch sizes {text!r} are not integers like 1,2,4", where=where) from None
+    if any(b < 1 for b in out) or len(set(out)) != len(out) or (out and 1 not in out):
+        raise DiffletError(f"batch sizes {text!r}: distinct positive integers including 1", where=where)
+    return sorted(out)
 
 
 def split_sizes(text: str) -> list[str]:
@@ -95,6 +133,8 @@ def view(module: Module, size: str) -> Module:
             body.append(_rename(node, base_name(node), Attrs([kv for kv in node.attrs.items() if kv[0] != "bucket"])))
     profile = dict(module.attrs["profile"].items())
     profile.update((k, v) for k, v in parse_size(size, "frames" in profile).items())
+    if "batch" in profile:
+        profile["batch"] = batch_of(size)
     attrs = [(k, Attrs(profile) if k == "profile" else v) for k, v in module.attrs.items() if k != "buckets"]
     return Module(module.name, module.level, Attrs(attrs), tuple(body), module.loc)
 
