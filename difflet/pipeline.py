@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -85,13 +86,15 @@ class DiffletPipeline:
                         height: int | None = None, width: int | None = None,
                         num_frames: int | None = None, max_sequence_length: int | None = None,
                         dtype: Any = None, shapes: list[str] | None = None,
-                        parallel: str = "tp1", attention: str | None = None,
+                        batch_sizes: list[int] | None = None, parallel: str = "tp1", attention: str | None = None,
                         backend: str = "inductor", target: str = "cpu", profile: dict | None = None,
                         store: str | Path | None = None, cache: str = "off", verbose: bool = False,
                         log: Callable[[str], Any] | None = None) -> "DiffletPipeline":
         """Lower MODEL for these shapes with configs from the checkpoint, plan, compile (or reuse
         from the store) and load; `shapes` ("WxH" / "WxHxF", the first the default) serves several
-        sizes from one load. `pretrained_model_name_or_path`: a diffusers-format directory,
+        sizes from one load; `batch_sizes` (e.g. [1, 2, 4]) compiles the denoiser at those batch
+        sizes, so `num_images_per_prompt` images and several prompts run as batched calls.
+        `pretrained_model_name_or_path`: a diffusers-format directory,
         `hf:ORG/NAME` (local cache, offline) or `random:SEED` (configs from the description)."""
         from difflet.codegen.driver import codegen
         from difflet.codegen.manifest import MANIFEST
@@ -108,7 +111,8 @@ class DiffletPipeline:
         if dtype is not None:
             overrides["dtype"] = _dtype_name(dtype)
         dsl = model_description(model)
-        module = lower_file(dsl, overrides, None if weights.startswith("random:") else weights, shapes)
+        module = lower_file(dsl, overrides, None if weights.startswith("random:") else weights, shapes,
+                            batch_sizes)
         module = optimize(module, parallel=parallel, target=target, backend=backend, attention=attention)
         keys = [[c.name, c.attrs["cache_key"]] for c in module.components()]
         art_key = hashlib.sha256(json.dumps([keys, backend, _weights_fingerprint(weights)]).encode()).hexdigest()
@@ -121,10 +125,13 @@ class DiffletPipeline:
 
     @classmethod
     def from_artifacts(cls, art: str | Path, cache: str = "off") -> "DiffletPipeline":
-        """Load a compiled ART directory (`difflet codegen -o ART`)."""
+        """Load a compiled ART directory (`difflet codegen -o ART`); its images of one call run
+        together up to the largest compiled batch size."""
+        from difflet.codegen.manifest import read_manifest
         from difflet.runtime.runner import ModelRunner
 
-        return cls(ModelRunner.from_artifacts(art, cache=cache), Path(art))
+        max_batch = max(read_manifest(art).batch_sizes)
+        return cls(ModelRunner.from_artifacts(art, cache=cache, max_batch=max_batch), Path(art))
 
     @property
     def profile(self) -> dict[str, Any]:
@@ -146,18 +153,20 @@ class DiffletPipeline:
         base = seed if seed is not None else generator.initial_seed() if generator is not None \
             else secrets.randbelow(2**63 - num_images_per_prompt)
         out = DiffletPipelineOutput()
-        for text in ([prompt] if isinstance(prompt, str) else list(prompt)):
-            for i in range(int(num_images_per_prompt)):
-                params = self._params(prompt=text, negative_prompt=negative_prompt, seed=base + i,
-                                      steps=num_inference_steps, guidance=guidance_scale, height=height,
-                                      width=width, frames=num_frames, cache=cache)
-                result = self.runner.generate(params, on_step=callback)
-                out.seeds.append(params.seed)
-                out.results.append(result)
-                if result.video is None:
-                    out.images.append(_image(result.image, output_type))
-                else:
-                    out.frames.append(_video(result.video, output_type))
+        requests = [self._params(prompt=text, negative_prompt=negative_prompt, seed=base + i,
+                                 steps=num_inference_steps, guidance=guidance_scale, height=height,
+                                 width=width, frames=num_frames, cache=cache)
+                    for text in ([prompt] if isinstance(prompt, str) else list(prompt))
+                    for i in range(int(num_images_per_prompt))]
+        with ThreadPoolExecutor(self.runner.max_batch) as pool:  # up to max_batch run as one batch
+            results = list(pool.map(lambda p: self.runner.generate(p, on_step=callback), requests))
+        for params, result in zip(requests, results):
+            out.seeds.append(params.seed)
+            out.results.append(result)
+            if result.video is None:
+                out.images.append(_image(result.image, output_type))
+            else:
+                out.frames.append(_video(result.video, output_type))
         return out
 
     def _params(self, **fields: Any):

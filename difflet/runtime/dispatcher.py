@@ -2,11 +2,14 @@
 cancellation and recovery bookkeeping. Lives in the API process; knows nothing of gRPC.
 
 Invariants:
-- Capacity: at most `queue_size + replicas` requests are accepted and unanswered (waiting or
-  running); one more is refused at once with `Rejected("queue_full")`, never queued.
-- FIFO: requests leave the queue in arrival order, each to the ready replica with the fewest
-  requests in flight (ties: lowest index). Replicas run one request at a time, so a request
-  never waits behind another while some replica is idle.
+- Capacity: at most `queue_size + replicas x slots` requests are accepted and unanswered
+  (waiting or running; slots = --max-batch); one more is refused at once with
+  `Rejected("queue_full")`, never queued.
+- FIFO: requests leave the queue in arrival order, each to the replica with a free slot and the
+  fewest requests in flight (ties: lowest index), so a request never waits behind another while
+  some replica is idle. A replica already running requests takes only ones of the same size
+  (those can share its batched denoiser calls); a head request no replica can take waits, and
+  the ones behind it wait too (no overtaking).
 - Dispatch pauses for a replica that is starting, recovering or failed; its queued requests
   stay queued. Only when every replica has failed (recovery failed) are queued requests
   answered UNAVAILABLE and new ones refused; nothing accepted is dropped unanswered.
@@ -97,10 +100,10 @@ class Dispatcher:
                 raise Rejected("unavailable", "the model is still loading")
             if fields.request_id in self._active:
                 raise Rejected("duplicate_id", f"request_id: {fields.request_id!r} is already in flight")
-            capacity = self.queue_size + len(self.replicas)
-            if len(self._active) >= capacity:
+            running = sum(r.slots for r in self.replicas)
+            if len(self._active) >= self.queue_size + running:
                 raise Rejected("queue_full", f"the queue is full ({self.queue_size} waiting + "
-                                             f"{len(self.replicas)} running); retry later")
+                                             f"{running} running); retry later")
             job = Job(fields, deadline)
             job.events.put(("queued", len(self._queue)))
             self._queue.append(job)
@@ -156,13 +159,13 @@ class Dispatcher:
     def finished(self, replica: Replica, job: Job, code: str, message: str, result,
                  requeue: bool = False) -> None:
         with self._lock:
-            if replica.job is job:
-                replica.job = None
+            if job in replica.jobs:
+                replica.jobs.remove(job)
             if requeue and not job.done.is_set():
                 self._queue.appendleft(job)  # never sent: it keeps its place
             else:
                 self._answer(job, code, message, result)
-            if replica.state == "busy":
+            if replica.state == "busy" and not replica.jobs:
                 replica.state = "ready"
             self._update_health()
             self._dispatch()
@@ -204,13 +207,16 @@ class Dispatcher:
 
     def _dispatch(self) -> None:
         while self._queue:
-            idle = [r for r in self.replicas if r.state == "ready" and r.job is None]
-            if not idle:
-                return
-            job = self._queue.popleft()
+            job = self._queue[0]
             if job.done.is_set():
+                self._queue.popleft()
                 continue
-            min(idle, key=lambda r: (r.job is not None, r.index)).assign(job)
+            free = [r for r in self.replicas if r.free_slots() > 0
+                    and all(_same_size(j, job) for j in r.jobs)]
+            if not free:
+                return
+            self._queue.popleft()
+            min(free, key=lambda r: (len(r.jobs), r.index)).assign(job)
 
     def _update_health(self) -> None:
         self._serving = not self._closed and any(r.state in ("ready", "busy") for r in self.replicas)
@@ -228,4 +234,10 @@ class Dispatcher:
         return len(self._queue)
 
     def in_flight(self) -> int:
-        return sum(r.job is not None for r in self.replicas)
+        return sum(len(r.jobs) for r in self.replicas)
+
+
+def _same_size(a: Job, b: Job) -> bool:
+    """Requests whose denoiser calls can share a batched program call (one size's programs)."""
+    fa, fb = a.fields, b.fields
+    return (fa.height, fa.width, fa.frames) == (fb.height, fb.width, fb.frames)

@@ -4,7 +4,7 @@ One definition per message; torch-free (both processes import it). Each message 
 Struct (the tag is its kind), so the receiver decodes with a tagged Union: an unknown kind, a
 missing field or a field of the wrong type is a `msgspec.ValidationError`, never a default.
 
-  API -> model:  Run(seq, fields: RunFields) | Stop
+  API -> model:  Run(seq, fields: RunFields) | Cancel(seq) | Stop
   model -> API:  Ready(pid, load_s, warm_up_s, compiles) | Failed(kind, message)   once, at start
                  Step(seq, step, total, cached)                                    after each step
                  Done(seq, result: Result) | Error(seq, kind, message) | Cancelled(seq)
@@ -56,11 +56,18 @@ class Result(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     denoiser_calls: int
     cached_steps: int
     compiles: int
+    batch_rows: int = 1  # the most requests any of its batched denoiser calls carried
 
 
 class Run(msgspec.Struct, tag="run", frozen=True, forbid_unknown_fields=True):
     seq: int
     fields: RunFields
+
+
+class Cancel(msgspec.Struct, tag="cancel", frozen=True, forbid_unknown_fields=True):
+    """Stop request `seq` at its next step boundary (no-op if it already ended)."""
+
+    seq: int
 
 
 class Stop(msgspec.Struct, tag="stop", frozen=True, forbid_unknown_fields=True):
@@ -102,7 +109,7 @@ class Cancelled(msgspec.Struct, tag="cancelled", frozen=True, forbid_unknown_fie
     seq: int
 
 
-ToModel = Union[Run, Stop]
+ToModel = Union[Run, Cancel, Stop]
 ToApi = Union[Ready, Failed, Step, Done, Error, Cancelled]
 
 _to_model = msgspec.msgpack.Decoder(ToModel)

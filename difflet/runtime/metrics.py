@@ -25,6 +25,9 @@ class Metrics:
         self.denoiser_calls = Counter("difflet_denoiser_calls", "denoiser program calls", registry=r)
         self.cached_steps = Counter("difflet_cached_steps", "steps answered from the step cache",
                                     registry=r)
+        self.batched = Counter("difflet_batched_requests", "completed requests whose denoiser "
+                               "calls were shared with others, by the most rows one call carried",
+                               ["rows"], registry=r)
         self.steps = Counter("difflet_steps", "denoising steps of completed requests", registry=r)
         self.recoveries = Counter("difflet_model_recoveries", "model process replacements, by "
                                   "reason (crash, timeout)", ["reason"], registry=r)
@@ -52,6 +55,8 @@ class Metrics:
             self.denoiser_calls.inc(job.result.get("denoiser_calls", 0))
             self.cached_steps.inc(job.result.get("cached_steps", 0))
             self.steps.inc(job.result.get("steps", 0))
+            if job.result.get("batch_rows", 1) > 1:
+                self.batched.labels(str(job.result["batch_rows"])).inc()
 
     def rejected(self, reason: str) -> None:
         self.rejects.labels(reason).inc()

@@ -1,14 +1,16 @@
-"""The model process: loads one profile's saved artifacts, warms up, runs one request at a time.
+"""The model process: loads one profile's saved artifacts, warms up, runs up to `max_batch`
+requests at a time (each on its own thread; their denoiser calls batch, runtime/batching.py).
 
 Started by `replica.Replica` (non-daemonic: a split program starts rank workers of its own);
 speaks over one duplex pipe in msgspec messages (difflet/runtime/messages.py), one msgpack
 frame per `send_bytes`:
-  API -> model:  Run(seq, fields) | Stop
+  API -> model:  Run(seq, fields) | Cancel(seq) | Stop
   model -> API:  Ready(...) | Failed(kind, message)           once, after start
                  Step(seq, step, total, cached)                after every step
                  Done(seq, result) | Error(seq, kind, message) | Cancelled(seq)
-Cancellation needs no message: the parent writes the seq to cancel into a shared integer, and
-`should_stop()` (checked at every step boundary) compares it with the running request's seq.
+The main thread only reads the pipe: a Run starts a request thread, a Cancel marks its seq, and
+that request's `should_stop()` (checked at every step boundary) sees the mark. Replies are sent
+under one lock (one frame at a time on the pipe).
 
 Invariants:
 - It only ever loads (`ModelRunner.from_artifacts(verify=...)` -> load_artifacts); it never
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from typing import Any, Callable
 
@@ -83,11 +86,15 @@ def _load(config: dict[str, Any]):
     from difflet.runtime.runner import ModelRunner
 
     return ModelRunner.from_artifacts(config["root"], verify=bool(config.get("verify", True)),
-                                      cache=config["cache"])
+                                      cache=config["cache"], max_batch=int(config.get("max_batch", 1)))
+
+
+_SEND_LOCK = threading.Lock()
 
 
 def _send(conn, message: msg.ToApi) -> None:
-    conn.send_bytes(msg.encode(message))
+    with _SEND_LOCK:
+        conn.send_bytes(msg.encode(message))
 
 
 def _run(conn, runner, run: msg.Run, should_stop: Callable, compiles: list[int],
@@ -120,10 +127,11 @@ def _run(conn, runner, run: msg.Run, should_stop: Callable, compiles: list[int],
         request_id=p.request_id, timings={k: float(v) for k, v in result.timings.items()},
         cache=fields.cache or default_cache,
         denoiser_calls=int(stats.get("denoiser_calls", p.steps)),
-        cached_steps=int(stats.get("cached_steps", 0)), compiles=compiles[0])))
+        cached_steps=int(stats.get("cached_steps", 0)), compiles=compiles[0],
+        batch_rows=int(stats.get("batch_rows", 1)))))
 
 
-def serve(conn, cancel_upto, config: dict[str, Any]) -> None:
+def serve(conn, config: dict[str, Any]) -> None:
     """Process entry point: load, warm up, report, then serve Run messages until Stop or EOF."""
     os.setpgrp()  # its own process group: a kill also reaches rank workers it started
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -155,13 +163,22 @@ def serve(conn, cancel_upto, config: dict[str, Any]) -> None:
     _send(conn, msg.Ready(pid=os.getpid(), load_s=loaded - start, warm_up_s=warm - loaded,
                           compiles=compiles[0], import_s=imported - began))
 
-    current = [0]
+    cancelled: set[int] = set()  # seqs asked to stop (kept small: dropped when their run ends)
 
-    def should_stop() -> bool:
-        stop = cancel_upto.value >= current[0]
-        while stop and hang_on_cancel:
-            time.sleep(3600)
-        return stop
+    def start(run: msg.Run) -> None:
+        def should_stop() -> bool:
+            stop = run.seq in cancelled
+            while stop and hang_on_cancel:
+                time.sleep(3600)
+            return stop
+
+        def body() -> None:
+            try:
+                _run(conn, runner, run, should_stop, compiles, config["cache"])
+            finally:
+                cancelled.discard(run.seq)
+
+        threading.Thread(target=body, name=f"request-{run.seq}", daemon=True).start()
 
     while True:
         try:
@@ -170,5 +187,7 @@ def serve(conn, cancel_upto, config: dict[str, Any]) -> None:
             return
         if isinstance(message, msg.Stop):
             return
-        current[0] = message.seq
-        _run(conn, runner, message, should_stop, compiles, config["cache"])
+        if isinstance(message, msg.Cancel):
+            cancelled.add(message.seq)
+            continue
+        start(message)

@@ -5,14 +5,15 @@ States: starting -> ready <-> busy; any -> recovering (process died, or did not 
 checks; dispatch to this replica stays paused). stopped after `stop()`.
 
 Invariants:
-- At most one request is in a model process at a time (`job`); the dispatcher assigns it only
-  while the state is ready, and the supervisor sends it.
+- At most `slots` requests (the server's --max-batch; 1 = one at a time) are in a model process
+  at once (`jobs`); the dispatcher assigns one only while the state is ready or busy and a slot
+  is free, and the supervisor sends it.
 - The supervisor waits on three things at once: the pipe, the process sentinel (its exit), and
   a wake pipe poked on assign/cancel. A death is seen as soon as the OS reports it, so the
   running request is answered UNAVAILABLE at once, never after a timeout.
-- A cancelled request stays "in" the process until the process says it stopped (or it is
-  killed after `grace`): the replica is not given the next request before that, so two
-  generations never overlap. A kill is confirmed (join) before a replacement starts.
+- A cancelled request keeps its slot until the process says it stopped (or it is killed after
+  `grace`): more than `slots` generations never overlap. A kill (which answers every request in
+  the process) is confirmed (join) before a replacement starts.
 - A replacement only loads the saved artifacts (startup checks + load_artifacts + warm-up).
 - Model processes are not daemonic (a split program's model process starts rank workers); each
   leads its own process group, and every path that ends one (stop, crash, grace timeout, a
@@ -82,9 +83,10 @@ class Replica:
         self.dispatcher, self.precheck = dispatcher, precheck
         self.state, self.pid, self.generation, self.served, self.compiles = "starting", 0, -1, 0, 0
         self.error = ""
-        self.job: Job | None = None
-        self._sent = False
-        self._cancel_upto = _CTX.Value("q", -1, lock=False)
+        self.slots = max(1, int(config.get("max_batch", 1)))
+        self.jobs: list[Job] = []  # in the process or about to be sent, in assignment order
+        self._unsent: list[Job] = []
+        self._cancels: list[int] = []  # seqs to send Cancel for (supervisor thread sends)
         self._wake_r, self._wake_w = _CTX.Pipe(duplex=False)
         self._wake_lock = threading.Lock()
         self._stop = threading.Event()
@@ -97,15 +99,19 @@ class Replica:
     def start(self) -> None:
         self._thread.start()
 
+    def free_slots(self) -> int:
+        return self.slots - len(self.jobs) if self.state in ("ready", "busy") else 0
+
     def assign(self, job: Job) -> None:
-        self.job, self._sent = job, False
+        self.jobs.append(job)
+        self._unsent.append(job)
         self.state = "busy"
         self.wake()
 
     def cancel(self, job: Job) -> None:
         """Ask the process to stop `job` at its next step boundary (no-op if it is not ours)."""
-        if self.job is job and job.seq >= 0:
-            self._cancel_upto.value = job.seq
+        if job in self.jobs and job.seq >= 0:
+            self._cancels.append(job.seq)
             self.wake()
 
     def wake(self) -> None:
@@ -138,7 +144,7 @@ class Replica:
             self.precheck()
             conn, child = _CTX.Pipe(duplex=True)
             config = dict(self.config, generation=self.generation)
-            proc = _CTX.Process(target=model_process.serve, args=(child, self._cancel_upto, config),
+            proc = _CTX.Process(target=model_process.serve, args=(child, config),
                                 name=f"difflet-model-{self.index}", daemon=False)
             proc.start()
             _LIVE.add(proc)
@@ -190,23 +196,14 @@ class Replica:
         """Feed and watch the running process; returns why it has to be replaced."""
         proc, conn = self._proc, self._conn
         while not self._stop.is_set():
-            job = self.job
-            if job is not None and not self._sent:
-                self._sent = True
-                job.seq = self.dispatcher.next_seq()
-                job.started(self)
-                try:
-                    conn.send_bytes(msg.encode(msg.Run(job.seq, job.fields)))
-                except (BrokenPipeError, OSError):
-                    pass  # the death is seen on the sentinel below
-                if job.done.is_set():  # answered (deadline/cancel) before it was sent
-                    self.cancel(job)
-            timeout = None
-            if job is not None and job.cancel_at is not None:
-                timeout = max(0.0, job.cancel_at + self.grace - time.monotonic())
-            elif job is not None and job.deadline is not None:
-                timeout = max(0.0, job.deadline - time.monotonic()) + 0.01
-            ready = wait([conn, proc.sentinel, self._wake_r], timeout=timeout)
+            self._send_pending(conn)
+            now, timeouts = time.monotonic(), []
+            for job in list(self.jobs):
+                if job.cancel_at is not None:
+                    timeouts.append(max(0.0, job.cancel_at + self.grace - now))
+                elif job.deadline is not None:
+                    timeouts.append(max(0.0, job.deadline - now) + 0.01)
+            ready = wait([conn, proc.sentinel, self._wake_r], timeout=min(timeouts, default=None))
             if self._wake_r in ready:
                 self._drain_wake()
             if conn in ready:
@@ -217,8 +214,8 @@ class Replica:
                 except msgspec.ValidationError as err:  # a broken process: replace it
                     self.state = "recovering"
                     self._kill()
-                    self._fail_job(f"the model process (pid {self.pid}) sent a malformed "
-                                   f"message ({err}); a replacement is loading")
+                    self._fail_jobs(f"the model process (pid {self.pid}) sent a malformed "
+                                    f"message ({err}); a replacement is loading")
                     return "crash"
                 if message is not None:
                     self._on_message(message)
@@ -227,27 +224,44 @@ class Replica:
                 proc.join()
                 code = proc.exitcode
                 why = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-                self.state = "recovering"  # before the job is handed back: no new assignment
+                self.state = "recovering"  # before the jobs are handed back: no new assignment
                 self._kill()  # its process group: rank workers it may have left behind
-                self._fail_job(f"the model process (pid {self.pid}) died ({why}) during the "
-                               f"request; a replacement is loading")
+                self._fail_jobs(f"the model process (pid {self.pid}) died ({why}) during the "
+                                f"request; a replacement is loading")
                 return "crash"
-            job = self.job
-            if job is not None and job.deadline is not None and job.cancel_at is None \
-                    and time.monotonic() >= job.deadline:
-                self.dispatcher.expire(job)
-            job = self.job
-            if job is not None and job.cancel_at is not None and \
-                    time.monotonic() >= job.cancel_at + self.grace:
+            for job in list(self.jobs):
+                if job.deadline is not None and job.cancel_at is None and time.monotonic() >= job.deadline:
+                    self.dispatcher.expire(job)
+            if any(j.cancel_at is not None and time.monotonic() >= j.cancel_at + self.grace
+                   for j in list(self.jobs)):
                 self.state = "recovering"
                 self._kill()  # confirmed exit before any replacement starts
-                self._fail_job("the model process did not stop within the grace period")
+                self._fail_jobs("the model process did not stop within the grace period")
                 return "timeout"
         return "stopped"
 
+    def _send_pending(self, conn) -> None:
+        """Send assigned jobs (Run) and requested cancellations (Cancel), in that order."""
+        while self._unsent:
+            job = self._unsent.pop(0)
+            job.seq = self.dispatcher.next_seq()
+            job.started(self)
+            try:
+                conn.send_bytes(msg.encode(msg.Run(job.seq, job.fields)))
+            except (BrokenPipeError, OSError):
+                pass  # the death is seen on the sentinel
+            if job.done.is_set():  # answered (deadline/cancel) before it was sent
+                self.cancel(job)
+        while self._cancels:
+            try:
+                conn.send_bytes(msg.encode(msg.Cancel(self._cancels.pop(0))))
+            except (BrokenPipeError, OSError):
+                pass
+
     def _on_message(self, message: msg.ToApi) -> None:
-        job = self.job
-        if job is None or getattr(message, "seq", None) != job.seq:
+        seq = getattr(message, "seq", None)
+        job = next((j for j in self.jobs if j.seq == seq and seq is not None and seq >= 0), None)
+        if job is None:
             return  # a late message of a request already handed back (or a stray Ready/Failed)
         if isinstance(message, msg.Step):
             job.progress(message.step, message.total, message.cached, self.pid)
@@ -260,10 +274,11 @@ class Replica:
         elif isinstance(message, msg.Cancelled):
             self.dispatcher.finished(self, job, "cancelled", "cancelled at a step boundary", None)
 
-    def _fail_job(self, message: str) -> None:
-        job = self.job
-        if job is not None:
-            self.dispatcher.finished(self, job, "unavailable", message, None, requeue=not self._sent)
+    def _fail_jobs(self, message: str) -> None:
+        """Hand back every job: unsent ones keep their place in the queue, sent ones fail."""
+        unsent, self._unsent, self._cancels = set(map(id, self._unsent)), [], []
+        for job in reversed(list(self.jobs)):  # requeued ones go back to the front in their order
+            self.dispatcher.finished(self, job, "unavailable", message, None, requeue=id(job) in unsent)
 
     def _drain_wake(self) -> None:
         while self._wake_r.poll():

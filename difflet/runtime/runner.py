@@ -3,7 +3,9 @@
 Invariants:
 - Independent of gRPC (a later issue moves it into its own process): it takes and returns
   plain Python values and raises DiffletError for bad requests.
-- Requests run one at a time (a lock); each gets fresh `RequestState` via `run_schedule`.
+- At most `max_batch` requests run at once (default 1: one at a time), each on its caller's
+  thread with fresh `RequestState` via `run_schedule`; with batch buckets their denoiser calls
+  of one size meet in that size's BatchGate (runtime/batching.py) and run as batched calls.
 - `warm_up()` must pass (finite, right shape, not constant) before a server reports SERVING.
 - Step caching: the server default mode (`cache=`) and a request's override (`resolve(cache=)`)
   are resolved into an immutable `CachePlan` before the request runs; the loop builds fresh
@@ -13,7 +15,7 @@ Invariants:
   difflet.runtime.cancel.Cancelled; the next request starts from fresh state all the same).
 - Shape buckets: one HostEnv per served size (its single-size module and programs; the
   size-independent programs and the host assets are shared objects); a request runs in the env
-  of its size, and `warm_up()` checks every size.
+  of its size, and `warm_up()` checks every size and every compiled batch size.
 - `close()` (also `with ModelRunner...`) closes every program that has a `.close()` (a split
   program's rank workers stop); idempotent; a split program is unusable afterwards. Without it
   the workers still end with the process (daemonic, and SplitProgram closes itself on GC).
@@ -77,26 +79,34 @@ class ModelRunner:
 
     def __init__(self, module: Module, programs: Mapping[str, Callable], host_dir: Path | str,
                  manifest: Manifest | None = None, probe: Callable | None = None,
-                 cache: str | None = "off", sizes: list | None = None) -> None:
-        """`sizes`: (size, single-size module, programs) per served size (Artifacts.sizes());
-        None = `module` and `programs` are the one size."""
-        from difflet.ir.buckets import size_of
+                 cache: str | None = "off", sizes: list | None = None, max_batch: int = 1) -> None:
+        """`sizes`: (size, single-size module, programs) per bucket (Artifacts.sizes());
+        None = `module` and `programs` are the one size. `max_batch`: requests run at once."""
+        from difflet.ir.buckets import batch_of, size_of, unbatched
 
         assets: dict[str, Any] = {}
         self.envs: dict[str, HostEnv] = {}
+        batched: dict[str, list[HostEnv]] = {}
         for size, view, progs in sizes or [(size_of(module.attrs["profile"]), module, programs)]:
+            if batch_of(size) != 1:
+                batched.setdefault(unbatched(size), []).append(HostEnv(view, progs, host_dir, assets))
+                continue
             check_schedule(view, progs)
             self.envs[size] = HostEnv(view, progs, host_dir, assets)
+        for size, extra in batched.items():
+            self.envs[size].gate = _gate(self.envs[size], extra)
         self.env = next(iter(self.envs.values()))  # the default size
+        self.max_batch = max(1, int(max_batch))
         self.manifest = manifest
         self.probe = probe
         self.env.asset("stepcache:probe", lambda: probe)  # per server; its state never read across requests
         self._plans = PlanResolver(tie_keys(module, self.manifest), probe is not None)
         self.default_cache = self._plans.resolve(cache)
-        self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(self.max_batch)
 
     @classmethod
-    def from_artifacts(cls, root: Path | str, verify: bool = True, cache: str | None = "off") -> "ModelRunner":
+    def from_artifacts(cls, root: Path | str, verify: bool = True, cache: str | None = "off",
+                       max_batch: int = 1) -> "ModelRunner":
         from difflet.codegen.artifacts import load_artifacts
 
         root = Path(root)
@@ -104,7 +114,13 @@ class ModelRunner:
             raise DiffletError("artifact directory does not exist", where=str(root))
         art = load_artifacts(root, verify=verify)  # every program, the probe (role "probe") included
         return cls(art.module, art.programs, art.host_dir, art.manifest, probe=art.probe, cache=cache,
-                   sizes=art.sizes())
+                   sizes=art.sizes(), max_batch=max_batch)
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        """The compiled batch sizes (1 first)."""
+        gate = self.env.gate
+        return (1,) if gate is None else tuple(sorted({b for v in gate.variants.values() for b in v}))
 
     @property
     def module(self) -> Module:
@@ -127,12 +143,16 @@ class ModelRunner:
     def _run(self, params: GenerateParams, hooks: StepHooks = StepHooks()):
         if not isinstance(params, RequestParams):
             params = RequestParams(**asdict(params), cache=self.default_cache)
-        with self._lock:
+        env = self._env_of(params)
+        with self._slots:
             start = time.perf_counter()
-            state = run_schedule(self._env_of(params), params, hooks)
+            try:
+                state = run_schedule(env, params, hooks)
+            finally:
+                rows = env.gate.take_max_rows() if env.gate is not None else 1
             data, kind = encode_output(state.image, state.video, state.fps, state.audio, state.sample_rate)
             timings = dict(state.timings, total=(time.perf_counter() - start) * 1000.0)
-        stats = dict(state.values.get("cache_stats", {}))
+        stats = dict(state.values.get("cache_stats", {}), batch_rows=rows)
         png, mp4 = (data, b"") if kind == "png" else (b"", data)
         return state, GenerateResult(params, state.image, png, timings, stats, state.video, mp4, state.fps)
 
@@ -150,11 +170,16 @@ class ModelRunner:
 
     def close(self) -> None:
         """Stop what the programs hold outside this process (split programs' rank workers)."""
-        with self._lock:  # never under a running request: its ranks would be killed mid-call
+        for _ in range(self.max_batch):  # never under a running request: its ranks would be killed mid-call
+            self._slots.acquire()
+        try:
             progs = {id(p): p for env in self.envs.values() for p in env.programs.values()}
             for prog in (*progs.values(), self.probe):
                 if hasattr(prog, "close"):
                     prog.close()
+        finally:
+            for _ in range(self.max_batch):
+                self._slots.release()
 
     def __enter__(self) -> "ModelRunner":
         return self
@@ -166,9 +191,14 @@ class ModelRunner:
         """One real generation per served size at the profile defaults, each checked; raises
         RuntimeError if bad. Returns the default size's result."""
         results = [self._warm_up(env) for env in reversed(self.envs.values())]
+        for env in self.envs.values():
+            if env.gate is not None:
+                _warm_up_batches(env)
         return results[-1]
 
     def _warm_up(self, env: HostEnv) -> GenerateResult:
+        if env.gate is not None:
+            env.gate.record = {}  # the warm-up's last call per batched component, for its batches
         import torch
 
         h, w = int(env.profile["height"]), int(env.profile["width"])
@@ -187,3 +217,47 @@ class ModelRunner:
         if problems:
             raise RuntimeError(f"warm-up generation ({w}x{h}) failed its checks: " + "; ".join(problems))
         return result
+
+
+def _gate(env: HostEnv, extra: list[HostEnv]):
+    """The BatchGate of size env `env` over its batch-bucket envs: the components whose program
+    differs at another batch size, with every compiled batch size."""
+    from difflet.ir.buckets import size_of
+    from difflet.runtime.batching import BatchGate, Variant
+
+    variants: dict[str, dict[int, Variant]] = {}
+    for other in extra:
+        batch = int(other.profile["batch"])
+        for name, prog in other.programs.items():
+            if prog is not env.programs[name]:
+                per = variants.setdefault(name, {1: Variant(env.component(name), env.programs[name],
+                                                             env._locks[id(env.programs[name])])})
+                per[batch] = Variant(other.component(name), prog, other._locks[id(prog)])
+    if not variants:
+        raise DiffletError(f"batch buckets of size {size_of(env.profile)} change no program", where="manifest.json")
+    return BatchGate(variants)
+
+
+def _warm_up_batches(env: HostEnv) -> None:
+    """Each batched program once, on the warm-up's own last call repeated over its rows: every row
+    must be finite (raises RuntimeError otherwise)."""
+    import torch
+
+    from difflet.runtime.invoke import invoke
+
+    gate = env.gate
+    for name, per in gate.variants.items():
+        values = gate.record.get(name)
+        if values is None:
+            raise RuntimeError(f"warm-up: the schedule never called batched component {name!r}")
+        rows = gate.row_names(name)
+        for batch, variant in sorted(per.items()):
+            if batch == 1:
+                continue
+            batched = {k: (torch.cat([torch.as_tensor(v)] * batch) if k in rows else v)
+                       for k, v in values.items()}
+            with variant.lock:
+                out = invoke(variant.node, variant.program, batched)
+            if not all(bool(torch.isfinite(t).all()) for t in out.values() if t.is_floating_point()):
+                raise RuntimeError(f"warm-up: {name} at batch size {batch} gave non-finite output")
+    gate.record = None

@@ -5,11 +5,15 @@ Invariants:
   tokenizers); `RequestState` is created fresh for each request and dropped after it, so no
   sampling state (generator, scheduler, latents) ever crosses requests.
 - Steps run in the IR's order; each step's wall time is added to its phase's timing.
-- Programs are called by component name through `HostEnv.invoke`, which binds by IR signature.
+- Programs are called by component name through `HostEnv.invoke`, which binds by IR signature;
+  a program runs one call at a time (its lock), and while a request is in a denoise-phase step
+  its calls of a batched component go through the size's `BatchGate` (runtime/batching.py).
 """
 from __future__ import annotations
 
+import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -63,6 +67,10 @@ class HostEnv:
         self.host_dir = Path(host_dir)
         self.profile = module.attrs["profile"]
         self._assets: dict[str, Any] = assets if assets is not None else {}  # shared across sizes
+        self.gate = None  # a batching.BatchGate when this size has batched programs
+        self._locks = self.asset("program-locks", dict)  # id(program) -> Lock, shared across sizes
+        for prog in self.programs.values():
+            self._locks.setdefault(id(prog), threading.Lock())
 
     def component(self, name: str) -> Node:
         return self.module.component(name)
@@ -70,7 +78,11 @@ class HostEnv:
     def invoke(self, component: str, **values: Any) -> dict[str, Any]:
         from difflet.runtime.invoke import invoke
 
-        return invoke(self.component(component), self.programs[component], values)
+        if self.gate is not None and self.gate.batched(component):
+            return self.gate.call(component, values)
+        program = self.programs[component]
+        with self._locks[id(program)]:
+            return invoke(self.component(component), program, values)
 
     def asset(self, key: str, load: Callable[[], Any]) -> Any:
         """A host asset loaded once per server (tokenizers); must be read-only afterwards."""
@@ -138,7 +150,8 @@ def run_schedule(env: HostEnv, params: GenerateParams, hooks: Any = None) -> Req
             hooks.before_step()
         host = get_step(step.name)
         start = time.perf_counter()
-        host.fn(env, step, state)
+        with env.gate.member() if env.gate is not None and host.phase == "denoise" else nullcontext():
+            host.fn(env, step, state)
         state.timings[host.phase] += (time.perf_counter() - start) * 1000.0
     if (state.image is None) == (state.video is None):
         raise DiffletError("the schedule must produce exactly one of an image or a video",

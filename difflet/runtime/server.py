@@ -1,7 +1,7 @@
 """`difflet-runtime`: the API process. It serves gRPC and supervises the model process(es).
 
     difflet-runtime --artifacts ART --port P [--queue-size N] [--request-timeout S] [--grace S]
-                    [--cache MODE] [--metrics-port P] [--replicas N] [--threads N]
+                    [--cache MODE] [--metrics-port P] [--replicas N] [--threads N] [--max-batch N]
                     [--profile KEY=VALUE ...] [--prompt-policy truncate|strict]
                     [--http-port P] [--api-key KEY] [--tls-cert PEM --tls-key PEM]
 
@@ -50,7 +50,7 @@ class DiffletServer:
                  request_timeout: float | None = None, grace: float = 10.0, cache: str = "off",
                  replicas: int = 1, expect: dict | None = None, verify: bool = True,
                  threads: int = 0, prompt_policy: str = "truncate", api_key: str | None = None,
-                 tls: tuple[str, str] | None = None) -> None:
+                 tls: tuple[str, str] | None = None, max_batch: int | None = None) -> None:
         from difflet.runtime.admission import Admission, check_cache_mode
         from difflet.runtime.dispatcher import Dispatcher
         from difflet.runtime.metrics import Metrics
@@ -68,7 +68,11 @@ class DiffletServer:
         self.metrics = Metrics()
         self.health = health.HealthServicer()
         threads = threads or max(1, (os.cpu_count() or 1) // replicas)
-        config = {"root": str(art), "cache": self.cache, "threads": threads, "verify": verify}
+        # batching: requests of one size run together in a model process (default: the largest
+        # compiled batch size, so an artifact lowered with --batch-sizes batches as compiled)
+        self.max_batch = max_batch or max(self.info.manifest.batch_sizes)
+        config = {"root": str(art), "cache": self.cache, "threads": threads, "verify": verify,
+                  "max_batch": self.max_batch}
         self.dispatcher = Dispatcher(config, replicas=replicas, queue_size=queue_size, grace=grace,
                                      precheck=lambda: check_artifacts(art, expect),
                                      metrics=self.metrics, on_health=self._on_health,
@@ -79,7 +83,7 @@ class DiffletServer:
                                         serving_state=self.serving_state)
         # every accepted request holds a handler thread while it waits; beyond that, gRPC
         # itself refuses with RESOURCE_EXHAUSTED rather than parking calls unseen
-        workers = queue_size + replicas + 32
+        workers = queue_size + replicas * self.max_batch + 32
         # ---- HTTP API, API key, TLS (issue 14)
         self.api_key, self.tls, self.http = api_key or None, tls, None
         self.serving_now = False
@@ -211,6 +215,10 @@ def _expectations(pairs: tuple[str, ...]) -> dict[str, str]:
               help="model processes; each request goes to the one with the fewest in flight")
 @click.option("--threads", default=0, show_default=True, type=click.IntRange(0, 1024),
               help="torch threads per model process; 0 = cpu_count // replicas")
+@click.option("--max-batch", default=0, show_default=True, type=click.IntRange(0, 256),
+              help="requests of one size a model process runs together, their denoiser calls "
+                   "batched (artifacts lowered with --batch-sizes); 0 = the largest compiled "
+                   "batch size, 1 = no batching")
 @click.option("--profile", "expect", multiple=True, metavar="KEY=VALUE",
               help="serving profile the artifacts must match (model, height, tp, ...); repeatable")
 @click.option("--no-verify", is_flag=True, help="skip artifact checksum verification at load")
@@ -236,7 +244,7 @@ def main(art: str, port: int, host: str, queue_size: int, request_timeout: float
          cache: str, metrics_port: int | None, replicas: int, threads: int,
          expect: tuple[str, ...], no_verify: bool, http_port: int | None, api_key: str | None,
          tls_cert: str | None, tls_key: str | None, http_content_retention: float,
-         http_content_mb: int, prompt_policy: str) -> None:
+         http_content_mb: int, prompt_policy: str, max_batch: int) -> None:
     """Serve one compiled profile over gRPC (difflet.v1.Difflet + grpc.health.v1 + reflection)."""
     stop = threading.Event()
     serving = threading.Event()
@@ -259,7 +267,7 @@ def main(art: str, port: int, host: str, queue_size: int, request_timeout: float
                                request_timeout=request_timeout or None, grace=grace, cache=cache,
                                replicas=replicas, expect=_expectations(expect), verify=not no_verify,
                                threads=threads, prompt_policy=prompt_policy, api_key=api_key,
-                               tls=(tls_cert, tls_key) if tls_cert else None)
+                               tls=(tls_cert, tls_key) if tls_cert else None, max_batch=max_batch or None)
         bound = server.start()
         click.echo(f"starting on {host}:{bound}")
         if metrics_port is not None:

@@ -227,13 +227,20 @@ class Handler(VideoRoutes, BaseHTTPRequestHandler):
         fields, opts = self._parse(F.image_request, body, api.info)
         if opts["stream"]:
             return self._images_stream(fields, opts, timeout)
-        data = []
-        for i in range(opts["n"]):  # n images one after another: seeds seed, seed+1, ...
-            job = self._submit({**fields, "seed": fields["seed"] + i}, api.new_id("img"), timeout)
-            self._wait(job)
-            if job.code != "ok":
-                raise from_job(job.code, job.message)
-            data.append(self._image_item(job, opts))
+        jobs = []  # n images, seeds seed, seed+1, ...: all queued at once, so they can batch
+        try:
+            for i in range(opts["n"]):
+                jobs.append(self._submit({**fields, "seed": fields["seed"] + i}, api.new_id("img"), timeout))
+            data = []
+            for job in jobs:
+                self._wait(job)
+                if job.code != "ok":
+                    raise from_job(job.code, job.message)
+                data.append(self._image_item(job, opts))
+        except BaseException:  # one image failed or was refused: the others are not wanted
+            for job in jobs:
+                api.dispatcher.cancel(job, "cancelled", "another image of the same request failed")
+            raise
         self._json(200, {"created": int(time.time()), "data": data})
 
     def _image_item(self, job, opts) -> dict:
