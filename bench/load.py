@@ -1,4 +1,5 @@
-"""Open-loop Poisson load against difflet-runtime: one model process vs 2 replicas.
+"""Open-loop Poisson load against difflet-runtime: one model process vs 2 replicas, or (with
+--batching) one model process with batching off (--max-batch 1) vs on (--max-batch 4).
 
 Both configurations get the same arrival sequence per load level (seeded exponential gaps).
 Load rho = arrival rate x isolated latency, where the isolated latency is the median of
@@ -9,7 +10,10 @@ answer), SLO attainment (answer within 2.1x the isolated latency), and requests 
 answer that is not an image; must be 0 -- the queue is sized so nothing is refused).
 
     python bench/load.py [--n 20] [--steps 20] [--loads 0.5,0.8,1.0,1.2] [--art DIR | --store DIR]
-                         [--http]
+                         [--http] [--batching [--out FILE.json]]
+
+--batching builds flux-tiny with `--batch-sizes 1,2,4` and compares one model process with
+--max-batch 1 and --max-batch 4 on the same arrivals (throughput = completed / makespan).
 
 --http sends every request as an OpenAI `POST /v1/images/generations` (b64_json) to the
 server's HTTP port instead of gRPC Generate (a fresh connection per request; same queue).
@@ -34,14 +38,14 @@ PROMPT = "a red fox in the snow"
 SLO_FACTOR = 2.1
 
 
-def build_artifacts(store: Path) -> Path:
+def build_artifacts(store: Path, batches: list[int] | None = None) -> Path:
     from difflet.codegen.driver import codegen
     from difflet.frontend.lower import lower_file
     from difflet.passes.pipeline import optimize
 
-    module = optimize(lower_file(str(REPO / "models" / "flux-tiny.dsl")), parallel="tp1",
-                      target="cpu", backend="inductor")
-    art = store / "bench-load-art" / module.name
+    module = optimize(lower_file(str(REPO / "models" / "flux-tiny.dsl"), batches=batches),
+                      parallel="tp1", target="cpu", backend="inductor")
+    art = store / ("bench-load-batch-art" if batches else "bench-load-art") / module.name
     if not (art / "manifest.json").exists():
         codegen(module, "random:0", art, backend="inductor", store=store, log=lambda *a: None)
     return art
@@ -73,11 +77,13 @@ class HttpFailed(Exception):
 class Target:
     """A running difflet-runtime and a stub on one channel (or its HTTP address)."""
 
-    def __init__(self, art: Path, replicas: int, threads: int = 0, http: bool = False) -> None:
+    def __init__(self, art: Path, replicas: int, threads: int = 0, http: bool = False,
+                 max_batch: int = 1) -> None:
         from difflet.runtime import client, difflet_pb2_grpc as pb_grpc
         from difflet.runtime.demo import launch_server, read_line
 
-        args = ("--replicas", str(replicas), "--queue-size", "10000", "--threads", str(threads))
+        args = ("--replicas", str(replicas), "--queue-size", "10000", "--threads", str(threads),
+                "--max-batch", str(max_batch))
         self.proc = launch_server(art, args + (("--http-port", "0") if http else ()))
         self.http = read_line(self.proc, "http on ") if http else None
         self.address = read_line(self.proc, "listening on ")  # printed once SERVING
@@ -159,7 +165,8 @@ def run_level(target: Target, times: list[float], steps: int) -> dict:
     for thread in threads:
         thread.join()
     ok = [lat for code, lat in results if code == "ok"]
-    return {"latencies": ok, "lost": len(times) - len(ok),
+    makespan = max((times[i] + r[1] for i, r in enumerate(results) if r[0] == "ok"), default=0.0) - times[0]
+    return {"latencies": ok, "lost": len(times) - len(ok), "throughput": len(ok) / makespan if makespan else 0.0,
             "errors": sorted({code for code, _ in results if code != "ok"})}
 
 
@@ -175,9 +182,14 @@ def main() -> int:
     parser.add_argument("--store", type=Path, default=REPO / ".pytest_cache" / "difflet-store")
     parser.add_argument("--http", action="store_true",
                         help="send OpenAI-style HTTP requests instead of gRPC Generate")
+    parser.add_argument("--batching", action="store_true",
+                        help="compare --max-batch 1 and 4 on a --batch-sizes 1,2,4 artifact")
+    parser.add_argument("--out", type=Path, default=None, help="also write the rows as JSON here")
     args = parser.parse_args()
     loads = [float(x) for x in args.loads.split(",")]
-    art = args.art or build_artifacts(args.store)
+    art = args.art or build_artifacts(args.store, [1, 2, 4] if args.batching else None)
+    configs = ((("batching off", 1, 1), ("batching on", 1, 4)) if args.batching
+               else (("1 process", 1, 1), ("2 replicas", 2, 1)))
 
     rows, raw = [], {}
     single = Target(art, 1, args.threads, args.http)
@@ -186,11 +198,12 @@ def main() -> int:
         print(f"{'HTTP' if args.http else 'gRPC'}: isolated latency {iso * 1000:.0f} ms ({args.steps} steps); SLO {SLO_FACTOR}x = "
               f"{SLO_FACTOR * iso * 1000:.0f} ms", flush=True)
         sequences = {rho: arrivals(rho / iso, args.n, args.seed + k) for k, rho in enumerate(loads)}
-        for name, replicas in (("1 process", 1), ("2 replicas", 2)):
-            target = single if replicas == 1 else Target(art, replicas, args.threads, args.http)
+        for name, replicas, max_batch in configs:
+            own = replicas > 1 or max_batch > 1
+            target = Target(art, replicas, args.threads, args.http, max_batch) if own else single
             try:
-                if replicas > 1:
-                    run_level(target, [0.0] * replicas, args.steps)  # every replica's first call
+                if own:
+                    run_level(target, [0.0] * replicas * max_batch, args.steps)  # first calls
                 for rho, times in sequences.items():
                     res = run_level(target, times, args.steps)
                     lat = res["latencies"]
@@ -200,24 +213,27 @@ def main() -> int:
                            "p50_s": percentile(lat, 0.5) if lat else float("nan"),
                            "p99_s": percentile(lat, 0.99) if lat else float("nan"),
                            "slo": sum(x <= SLO_FACTOR * iso for x in lat) / len(times),
+                           "throughput_rps": res["throughput"],
                            "done": len(lat), "lost": res["lost"], "errors": res["errors"]}
                     rows.append(row)
                     raw[f"{name}@{rho}"] = lat
                     print(json.dumps(row), flush=True)
             finally:
-                if replicas > 1:
+                if own:
                     target.close()
     finally:
         single.close()
 
     print()
+    if args.out:
+        args.out.write_text(json.dumps({"isolated_s": iso, "steps": args.steps, "rows": rows}, indent=1))
     print(f"| config | load | realized | p50 s | p99 s | SLO ({SLO_FACTOR}x = {SLO_FACTOR * iso:.2f} s) "
-          f"| completed | lost |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+          f"| throughput req/s | completed | lost |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['config']} | {r['load']:.1f} | {r['realized']:.2f} | {r['p50_s']:.2f} | "
-              f"{r['p99_s']:.2f} | {r['slo'] * 100:.0f}% | {r['done']}/{r['done'] + r['lost']} | "
-              f"{r['lost']} |")
+              f"{r['p99_s']:.2f} | {r['slo'] * 100:.0f}% | {r['throughput_rps']:.2f} | "
+              f"{r['done']}/{r['done'] + r['lost']} | {r['lost']} |")
     return 1 if any(r["lost"] for r in rows) else 0
 
 

@@ -137,7 +137,7 @@ def test_stated_config_contradicted_by_the_checkpoint_is_located(fine_tune, monk
     r = CliRunner().invoke(main, ["lower", "models/flux-tiny.dsl", "--weights", str(fine_tune)])
     assert r.exit_code == 2 and "Traceback" not in r.output
     head, snippet = r.stderr.strip().split("\n")
-    assert re.fullmatch(r"error: models/flux-tiny\.dsl:23:27: component 'text_encoder': the description "
+    assert re.fullmatch(r"error: models/flux-tiny\.dsl:24:27: component 'text_encoder': the description "
                         r"states hidden_size = 32, the checkpoint's text_encoder/config\.json has 20", head), head
     assert snippet.strip().startswith("hidden_size: 32")
 

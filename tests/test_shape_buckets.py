@@ -156,7 +156,8 @@ def test_served_sizes_are_listed_and_picked_per_request(art):
 
 
 def test_sizes_listed_in_the_description_profile(tmp_path):
-    text = Path(DSL).read_text().replace("dtype    = float32\n}", 'dtype    = float32\n    shapes = "32x32,48x32"\n}', 1)
+    text = Path(DSL).read_text().replace("    dtype    = float32\n", '    dtype    = float32\n    shapes = "32x32,48x32"\n', 1)
+    assert 'shapes = "32x32,48x32"' in text
     (tmp_path / "m.dsl").write_text(text)
     from difflet.ir.buckets import buckets
 
