@@ -30,6 +30,7 @@ from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
 from difflet.parallel.layers import ParallelLinear, sp_shard
 
+
 def layout_of(node: Node) -> Node:
     found = node.find(Op.LAYOUT)
     if len(found) != 1:
