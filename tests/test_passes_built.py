@@ -1,5 +1,5 @@
 """`--list-legal` calls legal only what codegen builds: difflet/passes/built.py is the single
-source of both verdicts, checked here against codegen's own tables and refusals without compiling
+source of both verdicts, checked here against the family declarations and codegen's refusals without compiling
 (the split and probe tests compile one program per rule path: FLUX TP/SP and Ulysses/Ring/
 gather_kv in tests/test_split_flux.py and test_split_compiled.py, Qwen-Image TP in
 test_split_qwen.py, the FLUX probe in test_stepcache_probe.py).
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from difflet.codegen.driver import _require_planned
-from difflet.codegen.probe import USED_INPUTS, probe_node
-from difflet.codegen.split_layout import CLASS_FACTS, SPLIT_PROCESSORS
+from difflet.codegen.family import FAMILIES, declared, family_hooks
+from difflet.codegen.probe import probe_node
 from difflet.errors import DiffletError
 from difflet.frontend.lower import lower_file
 from difflet.passes import built, legal_configs
@@ -24,9 +24,17 @@ REPO = Path(__file__).resolve().parent.parent
 TINY = sorted(p for p in (REPO / "models").glob("*.dsl") if "tiny" in p.stem)
 
 
-def test_codegen_tables_are_the_declared_ones():
-    assert set(CLASS_FACTS) == set(SPLIT_PROCESSORS) == set(built.SPLIT_BUILT)
-    assert set(USED_INPUTS) == {c.rpartition(".")[2] for c in built.PROBE_BUILT}
+def test_family_declarations_say_how_for_exactly_what_built_lists():
+    assert set(declared("split")) == set(built.SPLIT_BUILT)
+    assert set(declared("probe")) == set(built.PROBE_BUILT)
+
+
+def test_every_class_is_declared_by_one_family():
+    owners: dict[str, list[str]] = {}
+    for family in FAMILIES:
+        for cls in getattr(family_hooks(family), "CLASSES", {}):
+            owners.setdefault(cls, []).append(family)
+    assert {c: f for c, f in owners.items() if len(f) > 1} == {}
 
 
 @pytest.mark.parametrize("dsl", TINY, ids=lambda p: p.stem)

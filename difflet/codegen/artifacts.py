@@ -23,10 +23,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from difflet.codegen.manifest import (MANIFEST, PROBE_ROLE, Component, FileRef, Manifest, RuntimeSetting,
                                       ScheduleStep, ValueSpec, read_manifest, sha256_file)
+from difflet.codegen.program import Program  # noqa: F401 - the loader's call convention
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Module, Node, Op, RuntimeType, Value, thaw
 
@@ -53,37 +54,6 @@ def runtime_settings(module: Module) -> tuple[RuntimeSetting, ...]:
 
 def program_paths(name: str, rank: int = 0) -> tuple[str, str]:
     return f"programs/{name}.rank{rank}.pt2", f"weights/{name}.rank{rank}.safetensors"
-
-
-class Program:
-    """One component's callable program: `program(*tensors) -> tuple[Tensor, ...]` in IR order.
-
-    Inputs are checked against the IR types (runtime values: 0-d int64 in their range; a Python
-    int is accepted and converted) before the call.
-    """
-
-    def __init__(self, node: Node, runner: Callable[..., tuple]) -> None:
-        from difflet.codegen.build import program_inputs, program_outputs
-
-        self.node = node
-        self.name = node.name
-        self.inputs: list[Value] = program_inputs(node)
-        self.outputs: list[Value] = program_outputs(node)
-        self._runner = runner
-
-    def __call__(self, *tensors):
-        import torch
-
-        from difflet.codegen.build import check_inputs
-
-        tensors = tuple(torch.tensor(t, dtype=getattr(torch, v.type.dtype)) if isinstance(t, int) else t
-                        for t, v in zip(tensors, self.inputs))
-        check_inputs(self.node, tensors)
-        with torch.no_grad():  # not inference_mode: callers may update outputs in place
-            return tuple(self._runner(*tensors))
-
-    def __repr__(self) -> str:
-        return f"Program({self.name}: {[v.name for v in self.inputs]} -> {[v.name for v in self.outputs]})"
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Difflet's attention for denoisers: one joint bounded-attention op, plus per-family processors.
+"""Difflet's attention for denoisers: one joint bounded-attention op and its installer.
 
 Invariants:
 - The op (`joint_bounded_attention`) knows nothing about any model: it takes q/k/v over a joint
@@ -7,8 +7,8 @@ Invariants:
   and calls the kernel contract `bounded_attention` (fused SDPA, difflet/kernels) with bounds
   [0, V + valid_text). Queries keep the model's order, so outputs line up with the reference.
 - Softmax is invariant to key order, so with valid_text == T the op equals dense attention.
-- The Flux processor computes q/k/v exactly as diffusers' FluxAttnProcessor and differs only in
-  the attention call.
+- Which processor serves a class is that class's family declaration (difflet/codegen/family/);
+  importing this module imports no family (the registry is read inside install_attention).
 """
 from __future__ import annotations
 
@@ -46,65 +46,23 @@ def joint_bounded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t
     return bounded_attention(q, keys, values, lo, hi)
 
 
-class FluxBoundedAttnProcessor:
-    """Drop-in for diffusers' FluxAttnProcessor that routes attention through the joint bounded op.
+def split_joint_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, text_len: int, text_first: bool,
+                          valid_text: torch.Tensor | None, mode: str, group) -> torch.Tensor:
+    """The joint attention of one rank of a split layout: [B, H_local, S, D] q/k/v in the model's
+    order (T static text tokens, this rank's visual shard) -> output in query order, the keys
+    attended over the CP group in `mode` (difflet.parallel.joint_attention)."""
+    from difflet.parallel.joint_attention import joint_attention
 
-    `text_len` is the static text length T (needed by single-stream blocks, whose input is the
-    already-concatenated [text, visual] sequence). `valid_text` arrives via joint_attention_kwargs.
-    """
-
-    fixed_text_len = False  # split layouts: the text stream may be an SP token shard, T is static
-
-    def __init__(self, text_len: int, text_first: bool = True) -> None:
-        self.text_len = text_len
-        self.text_first = text_first
-
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, text_len: int,
-               valid_text: torch.Tensor | None) -> torch.Tensor:
-        """[B, H, S, D] joint q/k/v in the model's order -> output in query order (the one call
-        a split layout replaces)."""
-        return joint_bounded_attention(q, k, v, text_len, valid_text, self.text_first)
-
-    def __call__(self, attn, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor = None,
-                 attention_mask: torch.Tensor | None = None, image_rotary_emb=None,
-                 valid_text: torch.Tensor | None = None) -> torch.Tensor:
-        from diffusers.models.embeddings import apply_rotary_emb
-        from diffusers.models.transformers.transformer_flux import _get_qkv_projections
-
-        if attention_mask is not None:
-            raise DiffletError("Difflet's Flux attention takes valid_text, not an attention_mask",
-                               where="joint_attention_kwargs")
-        query, key, value, enc_q, enc_k, enc_v = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
-        query = attn.norm_q(query.unflatten(-1, (-1, attn.head_dim)))
-        key = attn.norm_k(key.unflatten(-1, (-1, attn.head_dim)))
-        value = value.unflatten(-1, (-1, attn.head_dim))
-        if attn.added_kv_proj_dim is not None:
-            enc_q = attn.norm_added_q(enc_q.unflatten(-1, (-1, attn.head_dim)))
-            enc_k = attn.norm_added_k(enc_k.unflatten(-1, (-1, attn.head_dim)))
-            enc_v = enc_v.unflatten(-1, (-1, attn.head_dim))
-            query = torch.cat([enc_q, query], dim=1)
-            key = torch.cat([enc_k, key], dim=1)
-            value = torch.cat([enc_v, value], dim=1)
-        if image_rotary_emb is not None:
-            query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
-            key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
-
-        text_len = self.text_len if self.fixed_text_len or encoder_hidden_states is None \
-            else encoder_hidden_states.shape[1]
-        out = self.attend(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), text_len, valid_text)
-        hidden_states = out.transpose(1, 2).flatten(2, 3).to(query.dtype)
-
-        if encoder_hidden_states is not None:
-            encoder_hidden_states, hidden_states = hidden_states.split_with_sizes(
-                [text_len, hidden_states.shape[1] - text_len], dim=1)
-            hidden_states = attn.to_out[1](attn.to_out[0](hidden_states.contiguous()))
-            encoder_hidden_states = attn.to_add_out(encoder_hidden_states.contiguous())
-            return hidden_states, encoder_hidden_states
-        return hidden_states
-
-
-# Which processor serves which denoiser class (the IR names the class; the site globs say where).
-PROCESSORS = {"diffusers.FluxTransformer2DModel": FluxBoundedAttnProcessor}
+    t = text_len
+    if valid_text is None:
+        valid_text = torch.tensor(t, dtype=torch.int64, device=q.device)
+    seq = q.shape[2]
+    txt = slice(0, t) if text_first else slice(seq - t, seq)
+    vis = slice(t, seq) if text_first else slice(0, seq - t)
+    mode = "gather_kv" if mode == "local" else mode  # size-1 group: plain bounded attention
+    out_vis, out_txt = joint_attention(mode, q[:, :, vis], k[:, :, vis], v[:, :, vis], q[:, :, txt],
+                                       k[:, :, txt], v[:, :, txt], valid_text, group)
+    return torch.cat([out_txt, out_vis] if text_first else [out_vis, out_txt], dim=2)
 
 
 def _text_len(node: Node) -> int:
@@ -133,13 +91,12 @@ def install_attention(model: torch.nn.Module, node: Node) -> int:
     sites = [s for s in sites if s.attrs.get("kind") == "joint"]
     if not sites:
         return 0
-    from difflet.codegen.family import class_registry
+    from difflet.codegen.family import declaration, declared
 
-    processors = {**PROCESSORS, **class_registry("PROCESSORS")}
-    cls = processors.get(node.attrs["class"])
+    cls = declaration(node.attrs["class"]).processor  # the class's family declares it
     if cls is None:
         raise DiffletError(f"no Difflet attention processor for {node.attrs['class']} "
-                           f"(supported: {', '.join(processors)})", where=node.loc)
+                           f"(supported: {', '.join(declared('processor'))})", where=node.loc)
     modules = dict(model.named_modules())
     count = 0
     for site in sites:
@@ -163,8 +120,3 @@ def install_attention(model: torch.nn.Module, node: Node) -> int:
         cls.prepare_model(model, node)
     return count
 
-
-# at the bottom: split_qwen imports this module's op lazily, so either may be imported first
-from difflet.codegen.split_qwen import QwenBoundedAttnProcessor  # noqa: E402
-
-PROCESSORS["diffusers.QwenImageTransformer2DModel"] = QwenBoundedAttnProcessor

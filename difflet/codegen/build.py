@@ -15,17 +15,10 @@ import torch
 
 from difflet.codegen.attention import install_attention
 from difflet.codegen.checkpoint import load_component
+from difflet.codegen.program import check_inputs, program_inputs, program_outputs  # noqa: F401 - re-exported
 from difflet.codegen.rope import install_fp32_rope
 from difflet.errors import DiffletError
-from difflet.ir.nodes import Node, Op, RuntimeType, Value
-
-
-def program_inputs(node: Node) -> list[Value]:
-    return [n.results[0] for n in node.find(Op.INPUT)]
-
-
-def program_outputs(node: Node) -> list[Value]:
-    return [n.results[0] for n in node.find(Op.OUTPUT)]
+from difflet.ir.nodes import Node, Op, RuntimeType
 
 
 class ProgramModule(torch.nn.Module):
@@ -65,9 +58,9 @@ def build_program_module(node: Node, ckpt_dir: str | os.PathLike) -> ProgramModu
 
 def wrap_program_module(model: torch.nn.Module, node: Node) -> torch.nn.Module:
     """Install Difflet attention on a loaded (or meta-device) component model and wrap it."""
-    from difflet.codegen.family import class_registry
+    from difflet.codegen.family import declaration
 
-    wrap = class_registry("PROGRAM_WRAPPERS").get(node.attrs["class"])
+    wrap = declaration(node.attrs["class"]).wrapper
     runtime_inputs = [v.name for v in program_inputs(node) if isinstance(v.type, RuntimeType)]
     if runtime_inputs and not node.find(Op.ATTENTION) and wrap is None:
         raise DiffletError(f"component {node.name!r} takes runtime inputs {runtime_inputs} but has no "
@@ -90,22 +83,3 @@ def example_inputs(node: Node) -> tuple[torch.Tensor, ...]:
         else:
             out.append(torch.randn(t.shape, generator=gen).to(getattr(torch, t.dtype)))
     return tuple(out)
-
-
-def check_inputs(node: Node, inputs: tuple[torch.Tensor, ...]) -> None:
-    """Raise DiffletError when `inputs` do not match the component's IR input types."""
-    values = program_inputs(node)
-    if len(inputs) != len(values):
-        raise DiffletError(f"{node.name} takes {len(values)} inputs ({', '.join(v.name for v in values)}), "
-                           f"got {len(inputs)}", where=node.name)
-    for v, x in zip(values, inputs):
-        if not isinstance(x, torch.Tensor):
-            raise DiffletError(f"input {v.name} must be a tensor, got {type(x).__name__}", where=v.name)
-        t = v.type
-        if isinstance(t, RuntimeType):
-            if x.dim() != 0 or x.dtype != getattr(torch, t.dtype) or not t.lo <= int(x) <= t.hi:
-                raise DiffletError(f"runtime input {v.name} must be a 0-d {t.dtype} in [{t.lo}, {t.hi}], "
-                                   f"got {tuple(x.shape)} {x.dtype} {x.tolist()}", where=v.name)
-        elif tuple(x.shape) != tuple(t.shape) or x.dtype != getattr(torch, t.dtype):
-            raise DiffletError(f"input {v.name} must be {t.dtype}{list(t.shape)}, got "
-                               f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}", where=v.name)

@@ -18,16 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from difflet.errors import DiffletError
-from difflet.codegen.family import family_hooks
+from difflet.codegen.family import declaration, family_hooks
 from difflet.frontend.checkpoint_config import same_value
 from difflet.ir.nodes import Attrs, Module, Node, Op, thaw
 
 # Bump when materialize_checkpoint writes something different for the same inputs (store key).
 MATERIALIZE_VERSION = 2
-
-# The host pipeline class a family's checkpoint is loaded with (model_index.json `_class_name`);
-# other families name theirs in their codegen hook module (difflet/codegen/family/).
-PIPELINE_CLASS = {"flux": "FluxPipeline"}
 
 # Caption words first, so tiny tokenizers see real prompts as real ids (not all <unk>).
 CAPTION_WORDS = (
@@ -43,7 +39,7 @@ CAPTION_WORDS = (
 
 
 def resolve_class(qualified: str, where: Any = None) -> type:
-    """`diffusers.FluxTransformer2DModel` -> the class; a clear DiffletError when it is not there."""
+    """`diffusers.<Class>` (or `transformers.<Class>`) -> the class; a clear DiffletError when it is not there."""
     module_name, _, attr = qualified.rpartition(".")
     try:
         return getattr(importlib.import_module(module_name), attr)
@@ -80,7 +76,7 @@ def checkpoint_key(module: Module, seed: int) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _build_random(comp: Node, seed: int, family: str | None = None):
+def _build_random(comp: Node, seed: int):
     import torch
 
     if "config" not in comp.attrs:
@@ -89,11 +85,9 @@ def _build_random(comp: Node, seed: int, family: str | None = None):
     cls = resolve_class(comp.attrs["class"], comp.loc)
     config = comp.attrs["config"].to_python()
     torch.manual_seed(seed)
-    hooks = family_hooks(family)
-    if hooks is not None and hasattr(hooks, "build_random"):
-        model = hooks.build_random(comp, config)
-        if model is not None:
-            return model
+    build = declaration(comp.attrs["class"]).build_random  # the class's family may build it itself
+    if build is not None:
+        return build(comp, config)
     if _library(comp.attrs["class"]) == "transformers":
         return cls(cls.config_class(**config))
     return cls.from_config(config)
@@ -155,7 +149,7 @@ def materialize_checkpoint(module: Module, seed: int, dest: str | os.PathLike) -
     family = module.attrs.get("family")
     hooks = family_hooks(family)
     for i, comp in enumerate(module.components()):
-        model = _build_random(comp, seed * 1000 + i, family)
+        model = _build_random(comp, seed * 1000 + i)
         sub = comp.attrs.get("subfolder", comp.name)
         model.save_pretrained(str(dest / sub), safe_serialization=True)
         cls = comp.attrs["class"]
@@ -164,9 +158,10 @@ def materialize_checkpoint(module: Module, seed: int, dest: str | os.PathLike) -
         if tok is not None:
             config = comp.attrs["config"].to_python()
             tsub = tok.get("subfolder", "tokenizer")
-            custom = hooks is not None and hasattr(hooks, "write_tokenizer") and \
-                hooks.write_tokenizer(comp, config, tok, dest / tsub)
-            if not custom:
+            write = declaration(cls).write_tokenizer
+            if write is not None:
+                write(comp, config, tok, dest / tsub)
+            else:
                 _word_level_tokenizer(config["vocab_size"], _special_ids(config),
                                       clip_style="CLIP" in cls, max_length=tok["max_length"],
                                       dest=dest / tsub)
@@ -177,12 +172,10 @@ def materialize_checkpoint(module: Module, seed: int, dest: str | os.PathLike) -
         cls = resolve_class(sched["class"])
         cls.from_config(sched["config"].to_python()).save_pretrained(str(dest / "scheduler"))
         index["scheduler"] = [_library(sched["class"]), sched["class"].rpartition(".")[2]]
-    pipeline = module.attrs.get("pipeline") or PIPELINE_CLASS.get(family) or getattr(hooks, "PIPELINE_CLASS", None)
+    pipeline = module.attrs.get("pipeline") or getattr(hooks, "PIPELINE_CLASS", None)
     import diffusers
 
     head = {"_class_name": pipeline or "DiffusionPipeline", "_diffusers_version": diffusers.__version__}
-    if pipeline == "FluxPipeline":
-        index.update(image_encoder=[None, None], feature_extractor=[None, None])
     index.update(getattr(hooks, "INDEX_EXTRAS", {}))
     (dest / "model_index.json").write_text(json.dumps({**head, **dict(sorted(index.items()))}, indent=2))
     return dest

@@ -2,7 +2,7 @@
 
 Invariants:
 - Workers are spawned processes (export and AOTInductor lowering hold the GIL, so threads would
-  not overlap); each runs `driver.emit_program` for one program at a time, exactly what the
+  not overlap); each runs `emit.emit_program` for one program at a time, exactly what the
   parent would run, so the store entries, ART files and manifest entries are the same. The
   store's per-key locks keep concurrent producers (other codegens included) safe.
 - Worker count: min(usable cores, missing programs, available memory / the largest program's
@@ -24,7 +24,7 @@ from difflet.ir.nodes import Module, Node
 
 WORKERS_ENV = "DIFFLET_COMPILE_WORKERS"
 # A compile worker's resident memory besides the program's weights: torch, inductor and g++
-# (measured about 1.2 GiB peak for a flux-tiny program; 2 GiB leaves room for larger graphs).
+# (measured about 1.2 GiB peak for a tiny denoiser program; 2 GiB leaves room for larger graphs).
 WORKER_BASE_BYTES = 2 << 30
 WEIGHT_COPIES = 4  # the module, export's constants, the safetensors write, inductor's view
 
@@ -72,7 +72,7 @@ def _init_worker() -> None:
 def _compile_one(module: Module, name: str, ckpt: str, store_root: str, backend: str, out: str,
                  verbose: bool):
     """Worker body: (True, (entry, created, seconds)) or (False, error text)."""
-    from difflet.codegen.driver import emit_program
+    from difflet.codegen.emit import emit_program
     from difflet.codegen.quiet import quiet_libraries
     from difflet.codegen.store import Store
 

@@ -124,7 +124,7 @@ def meta_program(comp: Node, family: str | None):
 
     from accelerate import init_empty_weights
 
-    # parameters on meta; buffers real, since wrappers may precompute tables from them (Qwen RoPE)
+    # parameters on meta; buffers real, since wrappers may precompute tables from them (RoPE)
     with init_empty_weights(include_buffers=False):
         model = _build_random(comp, 0, family).to(getattr(torch, comp.attrs.get("dtype", "float32")))
     pm = wrap_program_module(model.eval(), comp).to("meta")

@@ -16,7 +16,7 @@ PREFIX = "hf:"
 
 
 def hub_snapshot(spec: str) -> Path:
-    """`hf:Qwen/Qwen-Image` (or `hf:Qwen/Qwen-Image@<revision>`) -> its cached snapshot directory."""
+    """`hf:ORG/NAME` (or `hf:ORG/NAME@<revision>`) -> its cached snapshot directory."""
     repo, _, revision = spec[len(PREFIX):].partition("@")
     if repo.count("/") != 1 or not all(repo.split("/")):
         raise DiffletError(f"--weights {spec!r}: expected hf:ORG/NAME[@REVISION]", where="--weights")

@@ -11,9 +11,10 @@ Invariants:
   IR outputs on every rank: it slices its visual shard of the visual inputs itself (no
   communication) and all-gathers its output shard over tp (with SP) and then cp. So a split
   program has exactly the call convention of an unsplit one.
-- Supported: FLUX (diffusers.FluxTransformer2DModel) and Qwen-Image (QwenImageTransformer2DModel,
-  split_qwen.py) with any tp, cp (ulysses|ring|gather_kv)
-  and sp; cfg, dp and other classes raise DiffletError naming the component.
+- What the class contributes (visual inputs and outputs, SP entries, joint prefixes, the split
+  attention processor) is its family's `SplitDecl`; which classes are built at all is
+  difflet/passes/built.py. Built: any tp, cp (ulysses|ring|gather_kv) and sp of those classes;
+  cfg, dp and other classes raise DiffletError naming the component.
 """
 from __future__ import annotations
 
@@ -22,30 +23,12 @@ import os
 
 import torch
 
-from difflet.codegen.attention import FluxBoundedAttnProcessor, install_attention
+from difflet.codegen.attention import install_attention
 from difflet.codegen.build import ProgramModule, build_program_module, program_inputs
-from difflet.codegen.split_qwen import QwenSplitAttnProcessor
+from difflet.codegen.family.decl import SplitDecl
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
-from difflet.parallel.joint_attention import joint_attention
 from difflet.parallel.layers import ParallelLinear, sp_shard
-
-# Per class: visual inputs (name -> token dim), SP entry modules (their outputs become token
-# shards), module prefixes whose linears see a joint [text, visual] sequence.
-CLASS_FACTS = {
-    "diffusers.FluxTransformer2DModel": {
-        "visual_inputs": {"hidden_states": 1, "img_ids": 0},
-        "visual_outputs": {"sample": 1},
-        "sp_entries": ("context_embedder", "x_embedder"),
-        "joint_prefixes": ("single_transformer_blocks.",),
-    },
-    "diffusers.QwenImageTransformer2DModel": {
-        "visual_inputs": {"hidden_states": 1},
-        "visual_outputs": {"sample": 1},
-        "sp_entries": ("txt_in", "img_in"),
-        "joint_prefixes": (),  # double-stream only: no linear sees the joint sequence
-    },
-}
 
 
 def layout_of(node: Node) -> Node:
@@ -65,31 +48,15 @@ def unsupported_reason(node: Node) -> str | None:
     return layout_reason(node)
 
 
-class FluxSplitAttnProcessor(FluxBoundedAttnProcessor):
-    """Flux attention whose joint attention runs over the CP group in `mode` (heads = this rank's
-    TP shard). The text length is the static T: under SP the stream inputs are token shards."""
+def split_facts(node: Node) -> SplitDecl:
+    """The split declaration of the component's class (its family module declares it)."""
+    from difflet.codegen.family import declaration
 
-    fixed_text_len = True
-
-    def __init__(self, text_len: int, text_first: bool, mode: str, group) -> None:
-        super().__init__(text_len, text_first)
-        self.mode, self.group = mode, group
-
-    def attend(self, q, k, v, text_len, valid_text):
-        t = self.text_len
-        if valid_text is None:
-            valid_text = torch.tensor(t, dtype=torch.int64, device=q.device)
-        txt = slice(0, t) if self.text_first else slice(q.shape[2] - t, q.shape[2])
-        vis = slice(t, q.shape[2]) if self.text_first else slice(0, q.shape[2] - t)
-        mode = "gather_kv" if self.mode == "local" else self.mode  # size-1 group: plain bounded attention
-        out_vis, out_txt = joint_attention(mode, q[:, :, vis], k[:, :, vis], v[:, :, vis], q[:, :, txt],
-                                           k[:, :, txt], v[:, :, txt], valid_text, self.group)
-        return torch.cat([out_txt, out_vis] if self.text_first else [out_vis, out_txt], dim=2)
-
-
-# Which split processor serves which class (same constructor: text_len, text_first, mode, group).
-SPLIT_PROCESSORS = {"diffusers.FluxTransformer2DModel": FluxSplitAttnProcessor,
-                    "diffusers.QwenImageTransformer2DModel": QwenSplitAttnProcessor}
+    facts = declaration(node.attrs["class"]).split
+    if facts is None:  # passes/built.py says built, yet no family says how: a registry bug
+        raise DiffletError(f"{node.attrs['class']} is listed in difflet/passes/built.py SPLIT_BUILT but "
+                           "its family module declares no split", where=node.loc)
+    return facts
 
 
 def _group(groups, axis: str, degree: int):
@@ -110,7 +77,7 @@ def apply_layout(model: torch.nn.Module, node: Node, groups) -> int:
     """Shard `model`'s linears and install split attention per the layout; returns linears replaced."""
     layout = layout_of(node)
     la = layout.attrs
-    facts = CLASS_FACTS[node.attrs["class"]]
+    facts = split_facts(node)
     tp, cp, sp = int(la["tp"]), int(la["cp"]), bool(la["sp"])
     tp_group, cp_group = _group(groups, "tp", tp), _group(groups, "cp", cp)
     tp_index = groups.index("tp") if tp > 1 else 0
@@ -131,13 +98,13 @@ def apply_layout(model: torch.nn.Module, node: Node, groups) -> int:
             if not isinstance(lin, torch.nn.Linear):
                 raise DiffletError(f"split {split.name!r}: {name} is a {type(lin).__name__}, not a Linear",
                                    where=split.loc)
-            joint = name.startswith(facts["joint_prefixes"])
+            joint = name.startswith(facts.joint_prefixes)
             _set_module(model, name, ParallelLinear.from_linear(
                 lin, style, tp_group, tp_index, tp, segments=split.attrs.get("segments"), sp=sp,
                 token_segments=(text, vis) if joint else None))
             count += 1
     if sp:
-        for name in facts["sp_entries"]:
+        for name in facts.sp_entries:
             # the hook's return replaces the output: the stream becomes this rank's token shard
             model.get_submodule(name).register_forward_hook(lambda _m, _i, out: sp_shard(out, tp_group))
     _install_split_attention(model, node, layout, cp_group, text)
@@ -148,7 +115,7 @@ def _install_split_attention(model, node: Node, layout: Node, cp_group, text_len
     install_attention(model, node)  # validates sites, heads and order against the model
     orders = {a.name: tuple(a.attrs.get("order", ("text", "visual"))) for a in node.find(Op.ATTENTION)}
     modules = dict(model.named_modules())
-    processor = SPLIT_PROCESSORS[node.attrs["class"]]
+    processor = split_facts(node).processor
     for site in (n for n in layout.body if n.op == Op.ATTENTION):
         mode = site.attrs["mode"]
         for name, mod in modules.items():
@@ -163,13 +130,13 @@ class RankProgramModule(ProgramModule):
     def __init__(self, model: torch.nn.Module, node: Node, groups) -> None:
         super().__init__(model, node)
         la = layout_of(node).attrs
-        facts = CLASS_FACTS[node.attrs["class"]]
+        facts = split_facts(node)
         tp, cp = int(la["tp"]), int(la["cp"])
         self.sp = bool(la["sp"])
         self.tp_group, self.cp_group = _group(groups, "tp", tp), _group(groups, "cp", cp)
         self.cp, self.cp_index = cp, groups.index("cp") if cp > 1 else 0
-        self.visual_in = [facts["visual_inputs"].get(v.name) for v in program_inputs(node)]
-        self.visual_out = [facts["visual_outputs"].get(n.name) for n in node.find(Op.OUTPUT)]
+        self.visual_in = [facts.visual_inputs.get(v.name) for v in program_inputs(node)]
+        self.visual_out = [facts.visual_outputs.get(n.name) for n in node.find(Op.OUTPUT)]
 
     def forward(self, *inputs):
         from difflet.parallel import comm

@@ -10,8 +10,9 @@ back.
 Invariants:
 - Same call convention as codegen's `Program`: `__call__(*tensors) -> tuple[Tensor, ...]` on
   full, rank-0-visible tensors, checked against the IR input types first (it wraps a Program).
-- This module imports difflet.codegen lazily (Program, for the call convention): the only
-  upward reference of the parallel layer, kept so the runtime can use either kind of program.
+- This module imports difflet.codegen.program lazily (Program, for the call convention), a
+  leaf that imports nothing of codegen or parallel, so no import cycle runs through here; kept
+  so the runtime can use either kind of program.
 - `loader` is importable by name (a module-level function) and returns `runner(*tensors)`.
 - A failing rank raises `RankError` with its traceback; a hang is bounded by `timeout` (and a
   rank whose call outlives it dumps its Python stack to stderr). After
@@ -89,7 +90,7 @@ class SplitProgram:
                  threads: int = 1) -> None:
         import torch.multiprocessing as mp
 
-        from difflet.codegen.artifacts import Program
+        from difflet.codegen.program import Program
 
         self.world = len(per_rank_args)
         self.timeout = timeout

@@ -3,8 +3,9 @@
 
 Invariants:
 - Torch-free. `SPLIT_BUILT` / `PROBE_BUILT` name the denoiser classes whose split programs /
-  probe program codegen builds (difflet/codegen/split_layout.py `CLASS_FACTS`, probe.py
-  `USED_INPUTS`); tests/test_passes_built.py checks that those tables and these agree.
+  probe program codegen builds: the single list both the planner and codegen read. How each
+  is built is its family's declaration (difflet/codegen/family/<family>.py `CLASSES`, a
+  `SplitDecl` / `ProbeDecl`), present for exactly these classes (tests/test_passes_built.py).
 - A legal plan is buildable iff `reasons(planned, backend)` is empty; codegen raises the first
   reason of the component it is about to build (`layout_reason`, `probe_reason`).
 """

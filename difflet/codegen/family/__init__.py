@@ -1,26 +1,27 @@
-"""Per-family codegen hooks: what a model family adds to the shared compile-and-load path.
+"""The family registry: what each model family adds to the shared compile-and-load path.
 
-A family module `difflet.codegen.family.<family>` (optional; torch may be imported lazily) may define:
-- PIPELINE_CLASS: str — the diffusers pipeline `_class_name` written to a materialized
-  checkpoint's model_index.json (the class the reference pipeline is loaded with).
-- INDEX_EXTRAS: dict — extra model_index.json entries (optional components as [None, None]).
-- PROCESSORS: {"diffusers.<Class>": processor class} — Difflet attention processors installed on
-  the IR's `attention` sites (see codegen/attention.py for the contract).
-- PROGRAM_WRAPPERS: {"<library>.<Class>": fn(model, node) -> torch.nn.Module} — adapts a loaded
-  component to the program calling convention (IR inputs in, IR outputs out) when the generic
-  ProgramModule cannot (e.g. a mask built inside the program from a runtime valid-text count).
-- build_random(comp, config) -> model | None — a random model for a materialized checkpoint when
-  the generic `cls(config)` does not fit (None = use the generic path).
-- write_tokenizer(comp, config, tokenizer_attrs, dest) -> bool — write a tiny tokenizer for a
-  materialized checkpoint (False = use the generic word-level tokenizer).
+A family module `difflet.codegen.family.<family>` (one per name in FAMILIES; torch may be
+imported lazily) declares:
+- CLASSES: {"<library>.<Class>": ClassDecl} — one declaration per class the family owns
+  (family/decl.py: attention processors, program wrapper, split and probe facts, random-build
+  and tokenizer hooks), as data;
+- PIPELINE_CLASS: str — the diffusers pipeline `_class_name` of a materialized checkpoint's
+  model_index.json; INDEX_EXTRAS: dict — extra model_index.json entries;
+- FP32_ROPE (optional): {"<submodule class name>": fn(module) -> bool} — replaces a float64
+  RoPE computation (difflet/codegen/rope.py), True when it replaced it.
 
-Invariant: hooks only adapt; compiling, storing, loading and serving stay the shared code.
+Invariants: hooks only adapt; compiling, storing, loading and serving stay the shared code.
+Adding a family is its own modules plus one name in FAMILIES. Generic codegen reaches family
+modules only through this registry, by name (importlib), so no generic module imports one.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 from types import ModuleType
+
+from difflet.codegen.family.decl import NONE, ClassDecl
 
 FAMILIES = ("flux", "qwen_image", "wan", "hunyuan_video", "ltx2")
 
@@ -36,10 +37,25 @@ def family_hooks(family: str | None) -> ModuleType | None:
 
 
 def class_registry(attr: str) -> dict:
-    """Merge `attr` (PROCESSORS or PROGRAM_WRAPPERS) over every family that has a hook module."""
+    """Merge the dict `attr` (CLASSES, FP32_ROPE) over every family module, in FAMILIES order."""
     merged: dict = {}
     for family in FAMILIES:
         hooks = family_hooks(family)
         if hooks is not None:
             merged.update(getattr(hooks, attr, {}))
     return merged
+
+
+@functools.cache
+def _declarations() -> dict[str, ClassDecl]:
+    return class_registry("CLASSES")
+
+
+def declaration(cls: str) -> ClassDecl:
+    """The declaration of a qualified class name (an empty one when no family declares it)."""
+    return _declarations().get(cls, NONE)
+
+
+def declared(field: str) -> list[str]:
+    """The classes whose declaration sets `field` (for messages and consistency checks)."""
+    return [c for c, d in _declarations().items() if getattr(d, field) is not None]

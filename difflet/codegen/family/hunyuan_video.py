@@ -1,4 +1,4 @@
-"""HunyuanVideo codegen hooks: pipeline class, bounded attention, and the two program wrappers.
+"""HunyuanVideo codegen declarations: pipeline class, bounded attention, and the two program wrappers.
 
 Invariants:
 - The denoiser program takes `valid_text` (0-d int64) instead of a host mask: the wrapper builds
@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from difflet.codegen.attention import joint_bounded_attention
+from difflet.codegen.family.decl import ClassDecl
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op, RuntimeType
 
@@ -139,5 +140,7 @@ def _llama_program(model: torch.nn.Module, node: Node) -> torch.nn.Module:
     return ProgramModule(model, node)
 
 
-PROCESSORS = {DENOISER: HunyuanVideoBoundedAttnProcessor}
-PROGRAM_WRAPPERS = {DENOISER: HunyuanVideoProgram, "transformers.LlamaModel": _llama_program}
+CLASSES = {
+    DENOISER: ClassDecl(processor=HunyuanVideoBoundedAttnProcessor, wrapper=HunyuanVideoProgram),
+    "transformers.LlamaModel": ClassDecl(wrapper=_llama_program),
+}

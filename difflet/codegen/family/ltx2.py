@@ -1,4 +1,4 @@
-"""LTX-2 codegen hooks: LTX2Pipeline checkpoints and the program wrappers of its components.
+"""LTX-2 codegen declarations: LTX2Pipeline checkpoints, its components' program wrappers, RoPE.
 
 Invariants:
 - Every wrapper takes the component's IR inputs positionally (IR order) and returns its IR outputs,
@@ -9,6 +9,12 @@ Invariants:
   range-checked by the runtime before every call).
 - The connectors replace the padding with learnable registers, so their output mask is all ones
   and the transformer takes no mask (the host refuses connectors without registers).
+- RoPE (`LTX2AudioVideoRotaryPosEmbed`, `LTX2RotaryPosEmbed1d`) without float64 ops: the only
+  float64 value is the frequency grid `theta ** linspace(0, 1, n)`, a constant. It is computed on
+  the host in float64 and kept as float32 buffers (one per grid length the module can ask for);
+  the module runs with diffusers' `double_precision=False` and a TorchFunctionMode scoped to its
+  forward hands it the host values (`_HostPow`), so its tables are bit-identical to diffusers'
+  float64 path (a float32 `pow` would be ~4 ulp off, enough to flip uint8 pixels of the video).
 - Latent (de)normalization uses the VAEs' `latents_mean`/`latents_std` buffers, which live in the
   weights, so it runs inside the decoder programs, never on the host.
 """
@@ -16,8 +22,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
+import math
 
+import torch
+from torch.overrides import TorchFunctionMode
+
+from difflet.codegen.family.decl import ClassDecl
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
 
@@ -151,21 +161,61 @@ class VocoderProgram(torch.nn.Module):
         return (self.model(mel),)
 
 
-PROGRAM_WRAPPERS = {
-    "transformers.Gemma3ForConditionalGeneration": GemmaStackedHidden,
-    "diffusers.pipelines.ltx2.connectors.LTX2TextConnectors": ConnectorsProgram,
-    "diffusers.LTX2VideoTransformer3DModel": TransformerProgram,
-    "diffusers.AutoencoderKLLTX2Video": VideoDecodeProgram,
-    "diffusers.AutoencoderKLLTX2Audio": AudioDecodeProgram,
-    "diffusers.pipelines.ltx2.vocoder.LTX2Vocoder": VocoderProgram,
-}
+
+class _HostPow(TorchFunctionMode):
+    """Inside one LTX-2 RoPE forward, diffusers computes `freqs = (theta ** grid * pi / 2.0)` in
+    float64; here `torch.pow(theta, grid)` returns a float32 stand-in and the following `* pi`
+    returns the host's float64 result times two (exact in float32), so after diffusers' own
+    `/ 2.0` the frequencies are bit-identical to diffusers' float64 path."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self.module, self.pending = module, None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        m = self.module
+        if func is torch.pow and len(args) == 2 and isinstance(args[0], (int, float)) and args[0] == m.theta \
+                and isinstance(args[1], torch.Tensor) and args[1].dim() == 1:
+            n = args[1].shape[0]
+            if hasattr(m, f"difflet_freqs2_{n}"):
+                self.pending = (getattr(m, f"difflet_pow{n}").to(args[1].device), n)
+                return self.pending[0]
+        if func in (torch.Tensor.__mul__, torch.Tensor.mul, torch.mul) and self.pending is not None \
+                and len(args) == 2 and args[0] is self.pending[0] and args[1] == math.pi:
+            n, self.pending = self.pending[1], None
+            return getattr(m, f"difflet_freqs2_{n}").to(args[0].device)
+        return func(*args, **(kwargs or {}))
+
+
+def fp32_ltx2_rope(module: torch.nn.Module) -> bool:
+    """Give an LTX-2 RoPE module diffusers' float64 frequencies without float64 ops (module
+    docstring); False when it already runs without them."""
+    if not module.double_precision:
+        return False
+    for elems in (2, 6):  # 1-D (audio, cross-attention, connectors) and 3-D (video) position grids
+        n = module.dim // elems
+        powers = float(module.theta) ** torch.linspace(0.0, 1.0, n, dtype=torch.float64)
+        module.register_buffer(f"difflet_pow{n}", powers.to(torch.float32), persistent=False)
+        # diffusers' float64 frequencies, doubled (exact) so its own `/ 2.0` gives them back
+        freqs = (powers * math.pi / 2.0).to(torch.float32)
+        module.register_buffer(f"difflet_freqs2_{n}", freqs * 2, persistent=False)
+    module.double_precision = False
+    original = module.forward
+
+    def forward(*args, **kwargs):
+        with _HostPow(module):
+            return original(*args, **kwargs)
+
+    module.forward = forward
+    return True
+
+
+FP32_ROPE = {"LTX2AudioVideoRotaryPosEmbed": fp32_ltx2_rope, "LTX2RotaryPosEmbed1d": fp32_ltx2_rope}
 
 
 def build_random(comp: Node, config: dict):
-    """Random VAEs get random latents_mean/std (the class inits them to 0/1, which would hide a
-    missing or wrong denormalization); everything else takes the generic path."""
-    if comp.attrs["class"] not in ("diffusers.AutoencoderKLLTX2Video", "diffusers.AutoencoderKLLTX2Audio"):
-        return None
+    """A random VAE with random latents_mean/std (the class inits them to 0/1, which would hide a
+    missing or wrong denormalization)."""
     from difflet.codegen.checkpoint import resolve_class
 
     model = resolve_class(comp.attrs["class"]).from_config(config)
@@ -198,3 +248,14 @@ def write_tokenizer(comp: Node, config: dict, tokenizer_attrs, dest: Path) -> bo
                                    unk_token="<unk>", padding_side="left")
     fast.save_pretrained(str(dest))
     return True
+
+
+CLASSES = {
+    "transformers.Gemma3ForConditionalGeneration": ClassDecl(wrapper=GemmaStackedHidden,
+                                                             write_tokenizer=write_tokenizer),
+    "diffusers.pipelines.ltx2.connectors.LTX2TextConnectors": ClassDecl(wrapper=ConnectorsProgram),
+    "diffusers.LTX2VideoTransformer3DModel": ClassDecl(wrapper=TransformerProgram),
+    "diffusers.AutoencoderKLLTX2Video": ClassDecl(wrapper=VideoDecodeProgram, build_random=build_random),
+    "diffusers.AutoencoderKLLTX2Audio": ClassDecl(wrapper=AudioDecodeProgram, build_random=build_random),
+    "diffusers.pipelines.ltx2.vocoder.LTX2Vocoder": ClassDecl(wrapper=VocoderProgram),
+}

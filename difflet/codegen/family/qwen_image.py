@@ -1,4 +1,4 @@
-"""Qwen-Image codegen hooks: QwenImagePipeline checkpoints, the text-encoder program, a tiny tokenizer.
+"""Qwen-Image codegen declarations: QwenImagePipeline checkpoints, the text-encoder program, a tiny tokenizer.
 
 Invariants:
 - The text-encoder program takes padded input_ids [1, L] (static L = max_text + template) and
@@ -9,7 +9,7 @@ Invariants:
   padding, and text-only position ids are 0..L-1 with or without the mask. The host keeps the
   valid rows; the padding rows are garbage by design and never read.
 - The denoiser program masks text padding from the runtime valid_text inside the program
-  (split_qwen's processor, registered in codegen/attention.py). Its RoPE tables depend only on
+  (family/qwen_image_attention.py's processor, declared in CLASSES below). Its RoPE tables depend only on
   the static grid and T, so they are computed once by diffusers' own QwenEmbedRope and kept as
   real-valued buffers (exact: view_as_real/view_as_complex round-trip): AOTInductor would
   otherwise fold the complex constant slicing into constants the program cannot name.
@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from difflet.codegen.family.decl import ClassDecl, SplitDecl
+from difflet.codegen.family.qwen_image_attention import QwenBoundedAttnProcessor, QwenSplitAttnProcessor
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
 
@@ -73,10 +75,6 @@ def denoiser_program(model: torch.nn.Module, node: Node) -> torch.nn.Module:
     return ProgramModule(model, node)
 
 
-PROGRAM_WRAPPERS = {"transformers.Qwen2_5_VLForConditionalGeneration": QwenTextEncoderProgram,
-                    "diffusers.QwenImageTransformer2DModel": denoiser_program}
-
-
 def write_tokenizer(comp: Node, config: dict, tokenizer_attrs, dest: Path) -> bool:
     """A word-level tokenizer shaped like Qwen2Tokenizer: chat special tokens, newlines as tokens,
     no added bos/eos, right padding with <|endoftext|> (the text config's pad id)."""
@@ -110,3 +108,15 @@ def write_tokenizer(comp: Node, config: dict, tokenizer_attrs, dest: Path) -> bo
                                    padding_side="right")
     fast.save_pretrained(str(dest))
     return True
+
+
+CLASSES = {
+    "transformers.Qwen2_5_VLForConditionalGeneration": ClassDecl(wrapper=QwenTextEncoderProgram,
+                                                                 write_tokenizer=write_tokenizer),
+    "diffusers.QwenImageTransformer2DModel": ClassDecl(
+        processor=QwenBoundedAttnProcessor, wrapper=denoiser_program,
+        split=SplitDecl(visual_inputs={"hidden_states": 1}, visual_outputs={"sample": 1},
+                        sp_entries=("txt_in", "img_in"),
+                        joint_prefixes=(),  # double-stream only: no linear sees the joint sequence
+                        processor=QwenSplitAttnProcessor)),
+}

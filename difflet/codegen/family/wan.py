@@ -1,4 +1,4 @@
-"""Wan 2.1 codegen hooks: WanPipeline checkpoints, the masked UMT5 program, the chunked VAE decoder.
+"""Wan 2.1 codegen declarations: WanPipeline checkpoints, the masked UMT5 program, the chunked VAE decoder.
 
 Invariants:
 - The UMT5 program takes padded input_ids and the runtime value `valid_text` (the prompt's token
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from difflet.codegen.family.decl import ClassDecl
 from difflet.ir.nodes import Node, Op
 
 PIPELINE_CLASS = "WanPipeline"
@@ -57,7 +58,7 @@ def wrap_vae(model: torch.nn.Module, node: Node) -> torch.nn.Module:
     return WanChunkDecoder(model, node)
 
 
-PROGRAM_WRAPPERS = {
-    "transformers.UMT5EncoderModel": wrap_umt5,
-    "diffusers.AutoencoderKLWan": wrap_vae,
+CLASSES = {
+    "transformers.UMT5EncoderModel": ClassDecl(wrapper=wrap_umt5),
+    "diffusers.AutoencoderKLWan": ClassDecl(wrapper=wrap_vae),
 }

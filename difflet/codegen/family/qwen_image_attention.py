@@ -1,4 +1,5 @@
-"""Qwen-Image attention for Difflet: diffusers' QwenDoubleStreamAttnProcessor2_0 math, Difflet's attention op.
+"""Qwen-Image attention (private to family/qwen_image.py): diffusers'
+QwenDoubleStreamAttnProcessor2_0 math, Difflet's attention op.
 
 Invariants:
 - q/k/v projections, q/k RMS norms and RoPE are computed exactly as diffusers'
@@ -9,8 +10,8 @@ Invariants:
   diffusers' `encoder_hidden_states_mask` is ignored here: the runtime value is the truth (the
   oracle passes the equivalent mask [1]*valid + [0]*pad).
 - World 1 (`QwenBoundedAttnProcessor`) calls joint_bounded_attention(text_first=True); a split
-  layout (`QwenSplitAttnProcessor`) calls difflet.parallel.joint_attention in the planned CP mode
-  with this rank's head shard (TP) and visual shard (CP). Text is the full static T on every rank
+  layout (`QwenSplitAttnProcessor`) calls split_joint_attention in the planned CP mode with this
+  rank's head shard (TP) and visual shard (CP). Text is the full static T on every rank
   (under SP the column linears have already gathered the tokens).
 - Qwen's model computes RoPE for the FULL visual grid; under CP the processor takes the rows of
   its own visual shard (contiguous, in CP rank order, as RankProgramModule shards the input).
@@ -22,10 +23,10 @@ import math
 
 import torch
 
+from difflet.codegen.attention import joint_bounded_attention, split_joint_attention
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
 from difflet.parallel import comm
-from difflet.parallel.joint_attention import joint_attention
 
 
 def _visual_tokens(node: Node) -> int:
@@ -90,8 +91,6 @@ class QwenBoundedAttnProcessor:
 
     def attend(self, q, k, v, valid_text):
         """[B, H, T + V, D] joint q/k/v, text first -> output in query order."""
-        from difflet.codegen.attention import joint_bounded_attention  # here: attention.py imports us
-
         return joint_bounded_attention(q, k, v, self.text_len, valid_text, text_first=True)
 
     def img_freqs(self, freqs: torch.Tensor, local_visual: int) -> torch.Tensor:
@@ -155,10 +154,4 @@ class QwenSplitAttnProcessor(QwenBoundedAttnProcessor):
         return freqs[r * local_visual:(r + 1) * local_visual]
 
     def attend(self, q, k, v, valid_text):
-        t = self.text_len
-        if valid_text is None:
-            valid_text = torch.tensor(t, dtype=torch.int64, device=q.device)
-        mode = "gather_kv" if self.mode == "local" else self.mode  # size-1 group: plain bounded attention
-        out_vis, out_txt = joint_attention(mode, q[:, :, t:], k[:, :, t:], v[:, :, t:], q[:, :, :t],
-                                           k[:, :, :t], v[:, :, :t], valid_text, self.group)
-        return torch.cat([out_txt, out_vis], dim=2)
+        return split_joint_attention(q, k, v, self.text_len, True, valid_text, self.mode, self.group)

@@ -1,0 +1,100 @@
+"""One unsplit program into ART/: compile or reuse it by its cache key, write its files, make its
+manifest entry. Used by the driver in-process and by compile_pool's workers, so both do exactly
+the same; this module imports neither of them.
+
+Invariants:
+- A program whose cache key is in the store is reused, never compiled.
+- A bucket program's checkpoint tensors go to one file shared by every size of its component,
+  written once per codegen (atomically, by whichever size comes first).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from difflet.codegen.artifacts import program_paths, value_spec
+from difflet.codegen.manifest import Component, RankFiles, file_ref
+from difflet.ir.buckets import base_name
+from difflet.ir.nodes import Module, Node, Op
+
+
+def program_nodes(module: Module) -> list[Node]:
+    """Every node codegen compiles, in manifest order: the components, then the probe if any."""
+    from difflet.codegen.probe import probe_node
+
+    probe = probe_node(module)
+    return [*module.components(), *([probe] if probe is not None else [])]
+
+
+def key_node(node: Node) -> Node:
+    """The node a program is compiled from: the probe's pruned program view, else the node."""
+    if node.op != Op.PROBE:
+        return node
+    from difflet.codegen.probe import program_view
+
+    return program_view(node)
+
+
+def manifest_entry(node: Node, view: Node, ranks: list[RankFiles], **extra: Any) -> Component:
+    """The manifest entry of a compiled program; its signature is `view`'s (the probe's pruned view)."""
+    return Component(role=str(node.attrs.get("role")), cls=str(node.attrs.get("class")),
+                     cache_key=node.attrs["cache_key"], ranks=tuple(ranks),
+                     inputs=tuple(value_spec(n.results[0]) for n in view.find(Op.INPUT)),
+                     outputs=tuple(value_spec(n.results[0]) for n in view.find(Op.OUTPUT)), **extra)
+
+
+def emit_program(module: Module, name: str, ckpt: Path, store, backend: str, out: Path) -> tuple[Component, bool]:
+    """Compile (or reuse, by its cache key) the unsplit program `name` (a component or the probe)
+    and write it and its weights into ART/; returns its manifest entry and whether it compiled."""
+    from safetensors.torch import save_file
+
+    from difflet.codegen.backends import get_backend
+    from difflet.codegen.store import link_or_copy
+
+    node = next(n for n in program_nodes(module) if n.name == name)
+    if node.op == Op.PROBE:
+        from difflet.codegen.probe import build_probe_module
+
+        pm = build_probe_module(node, ckpt)
+    else:
+        from difflet.codegen.build import build_program_module
+
+        pm = build_program_module(node, ckpt)
+    knode = key_node(node)
+    be, key = get_backend(backend), node.attrs["cache_key"]
+    entry, created = store.get_or_create(backend, key, lambda tmp: be.compile_entry(knode, pm, tmp),
+                                         directory=True)
+    prog_rel, weights_rel = program_paths(name)
+    link_or_copy(entry / be.PROGRAM_FILE, out / prog_rel)
+    weights = be.program_weights(pm, entry)
+    if node.attrs.get("bucket") is not None:
+        files = _bucket_files(node, pm, weights, out, prog_rel)
+    else:
+        save_file(weights, str(out / weights_rel))
+        files = RankFiles(file_ref(out, prog_rel), file_ref(out, weights_rel))
+    extra = {"source": node.attrs.get("source")} if node.op == Op.PROBE else {}
+    return manifest_entry(node, knode, [files], **extra), created
+
+
+def _bucket_files(node: Node, pm, weights: dict, out: Path, prog_rel: str) -> RankFiles:
+    """A bucket program's files: the checkpoint's tensors in one file that every size of the
+    component shares (loaded once; written once per codegen, by whichever size comes first), its
+    graph-made constants (size-dependent tables) in its own."""
+    from safetensors.torch import save_file
+
+    from difflet.codegen.inductor import module_tensors
+
+    known = module_tensors(pm)
+    shared_rel = program_paths(base_name(node))[1]
+    constants_rel = program_paths(node.name)[1].replace(".safetensors", ".constants.safetensors")
+    if not (out / shared_rel).exists():  # _codegen removed last run's; the first size writes it
+        tmp = out / f"{shared_rel}.{os.getpid()}.tmp"
+        save_file({k: v for k, v in weights.items() if k in known}, str(tmp))
+        try:
+            os.link(tmp, out / shared_rel)  # atomic, and refused if a concurrent worker was first
+        except FileExistsError:
+            pass
+        tmp.unlink()
+    save_file({k: v for k, v in weights.items() if k not in known}, str(out / constants_rel))
+    return RankFiles(file_ref(out, prog_rel), file_ref(out, shared_rel), constants=file_ref(out, constants_rel))

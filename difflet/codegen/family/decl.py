@@ -1,0 +1,69 @@
+"""What a family module declares about one diffusers/transformers class, as data.
+
+Invariants:
+- Torch-free: a declaration holds names, tuples and callables; the callables import torch
+  (and the family's own modules) only when called.
+- A class is declared once, by the family that owns it (`CLASSES` in its module); generic
+  codegen reads declarations and never names a class.
+- Whether codegen *builds* a class's split or probe program is decided on the passes side
+  (difflet/passes/built.py `SPLIT_BUILT`, `PROBE_BUILT`); `split` and `probe` here say only how,
+  and exist exactly for the classes built.py lists (tests/test_passes_built.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+
+@dataclass(frozen=True)
+class SplitDecl:
+    """How a denoiser's split program is built (difflet/codegen/split_layout.py reads it).
+
+    visual_inputs / visual_outputs: IR input/output name -> its token dimension (the rank slices
+    its CP shard of those inputs and all-gathers those outputs); sp_entries: modules whose output
+    becomes an SP token shard; joint_prefixes: module prefixes whose linears see the joint
+    [text, visual] sequence; processor(text_len, text_first, mode, group): the split attention
+    processor installed at every layout attention site.
+    """
+
+    visual_inputs: Mapping[str, int]
+    visual_outputs: Mapping[str, int]
+    sp_entries: tuple[str, ...]
+    joint_prefixes: tuple[str, ...]
+    processor: Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class ProbeDecl:
+    """How the step-caching probe of a denoiser is built (difflet/codegen/probe.py reads it).
+
+    inputs: the denoiser inputs the probe computation reads, in the order forward takes them;
+    build(model, feature_shape, inputs) -> torch module with a `prev_feature` buffer, STATE,
+    OUTPUTS, `compute(*inputs) -> (score, feature)` and `forward` updating the buffer in place.
+    """
+
+    inputs: tuple[str, ...]
+    build: Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class ClassDecl:
+    """Everything Difflet adds to one class; every field is optional (None = generic path).
+
+    processor(text_len, text_first): world-1 attention processor for the IR's joint attention
+    sites (a class attribute `prepare_model(model, node)` adapts the model once installed);
+    wrapper(model, node): the program module when the generic ProgramModule cannot adapt the
+    class to the IR calling convention; build_random(comp, config): a random model for a
+    materialized checkpoint; write_tokenizer(comp, config, tokenizer_attrs, dest): the tiny
+    tokenizer of a materialized checkpoint; split / probe: see SplitDecl / ProbeDecl.
+    """
+
+    processor: Callable[..., Any] | None = None
+    wrapper: Callable[..., Any] | None = None
+    build_random: Callable[..., Any] | None = None
+    write_tokenizer: Callable[..., Any] | None = None
+    split: SplitDecl | None = None
+    probe: ProbeDecl | None = None
+
+
+NONE = ClassDecl()  # an undeclared class: every hook takes the generic path

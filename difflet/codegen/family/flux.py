@@ -1,0 +1,179 @@
+"""FLUX codegen declarations: FluxPipeline checkpoints and FluxTransformer2DModel's processors,
+split facts, step-caching probe and float64-free RoPE.
+
+Invariants:
+- The attention processors compute q/k/v exactly as diffusers' FluxAttnProcessor and differ
+  only in the attention call: Difflet's joint bounded op (world 1) or the planned CP mode over
+  this rank's head and visual shard (split). FLUX attends its text padding, so its valid-text
+  count defaults to the padded length.
+- The probe runs the denoiser's input projection, timestep/guidance/pooled embedding and the
+  first block's norm1 (AdaLayerNormZero), stopping before attention (difflet/codegen/probe.py).
+- FluxPosEmbed's positions are program inputs (img_ids, txt_ids), so its table cannot be a
+  constant: the inverse frequencies (theta and axis widths only) are computed on the host in
+  float64 (diffusers' own values) and kept as a float32 buffer; the angle and its cos/sin run in
+  float32, what diffusers itself does on MPS/NPU (`maybe_adjust_dtype_for_device`).
+"""
+from __future__ import annotations
+
+import torch
+
+from difflet.codegen.attention import joint_bounded_attention, split_joint_attention
+from difflet.codegen.family.decl import ClassDecl, ProbeDecl, SplitDecl
+from difflet.errors import DiffletError
+
+PIPELINE_CLASS = "FluxPipeline"
+# FluxPipeline's optional IP-Adapter components, absent
+INDEX_EXTRAS = {"image_encoder": [None, None], "feature_extractor": [None, None]}
+
+DENOISER = "diffusers.FluxTransformer2DModel"
+
+
+class FluxBoundedAttnProcessor:
+    """Drop-in for diffusers' FluxAttnProcessor that routes attention through the joint bounded op.
+
+    `text_len` is the static text length T (needed by single-stream blocks, whose input is the
+    already-concatenated [text, visual] sequence). `valid_text` arrives via joint_attention_kwargs.
+    """
+
+    fixed_text_len = False  # split layouts: the text stream may be an SP token shard, T is static
+
+    def __init__(self, text_len: int, text_first: bool = True) -> None:
+        self.text_len = text_len
+        self.text_first = text_first
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, text_len: int,
+               valid_text: torch.Tensor | None) -> torch.Tensor:
+        """[B, H, S, D] joint q/k/v in the model's order -> output in query order (the one call
+        a split layout replaces)."""
+        return joint_bounded_attention(q, k, v, text_len, valid_text, self.text_first)
+
+    def __call__(self, attn, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor = None,
+                 attention_mask: torch.Tensor | None = None, image_rotary_emb=None,
+                 valid_text: torch.Tensor | None = None) -> torch.Tensor:
+        from diffusers.models.embeddings import apply_rotary_emb
+        from diffusers.models.transformers.transformer_flux import _get_qkv_projections
+
+        if attention_mask is not None:
+            raise DiffletError("Difflet's Flux attention takes valid_text, not an attention_mask",
+                               where="joint_attention_kwargs")
+        query, key, value, enc_q, enc_k, enc_v = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+        query = attn.norm_q(query.unflatten(-1, (-1, attn.head_dim)))
+        key = attn.norm_k(key.unflatten(-1, (-1, attn.head_dim)))
+        value = value.unflatten(-1, (-1, attn.head_dim))
+        if attn.added_kv_proj_dim is not None:
+            enc_q = attn.norm_added_q(enc_q.unflatten(-1, (-1, attn.head_dim)))
+            enc_k = attn.norm_added_k(enc_k.unflatten(-1, (-1, attn.head_dim)))
+            enc_v = enc_v.unflatten(-1, (-1, attn.head_dim))
+            query = torch.cat([enc_q, query], dim=1)
+            key = torch.cat([enc_k, key], dim=1)
+            value = torch.cat([enc_v, value], dim=1)
+        if image_rotary_emb is not None:
+            query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
+            key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
+
+        text_len = self.text_len if self.fixed_text_len or encoder_hidden_states is None \
+            else encoder_hidden_states.shape[1]
+        out = self.attend(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), text_len, valid_text)
+        hidden_states = out.transpose(1, 2).flatten(2, 3).to(query.dtype)
+
+        if encoder_hidden_states is not None:
+            encoder_hidden_states, hidden_states = hidden_states.split_with_sizes(
+                [text_len, hidden_states.shape[1] - text_len], dim=1)
+            hidden_states = attn.to_out[1](attn.to_out[0](hidden_states.contiguous()))
+            encoder_hidden_states = attn.to_add_out(encoder_hidden_states.contiguous())
+            return hidden_states, encoder_hidden_states
+        return hidden_states
+
+
+class FluxSplitAttnProcessor(FluxBoundedAttnProcessor):
+    """Flux attention whose joint attention runs over the CP group in `mode` (heads = this rank's
+    TP shard). The text length is the static T: under SP the stream inputs are token shards."""
+
+    fixed_text_len = True
+
+    def __init__(self, text_len: int, text_first: bool, mode: str, group) -> None:
+        super().__init__(text_len, text_first)
+        self.mode, self.group = mode, group
+
+    def attend(self, q, k, v, text_len, valid_text):
+        return split_joint_attention(q, k, v, self.text_len, self.text_first, valid_text, self.mode, self.group)
+
+
+class FluxProbe(torch.nn.Module):
+    """FluxTransformer2DModel up to the first block's norm1 output, with the saved feature."""
+
+    def __init__(self, model: torch.nn.Module, feature_shape: tuple[int, ...], inputs: list[str]) -> None:
+        super().__init__()
+        self.x_embedder = model.x_embedder
+        self.time_text_embed = model.time_text_embed
+        self.norm1 = model.transformer_blocks[0].norm1
+        self.inputs = inputs
+        dtype = self.x_embedder.weight.dtype
+        self.register_buffer("prev_feature", torch.zeros(feature_shape, dtype=dtype))
+
+    STATE, OUTPUTS = ("prev_feature",), 1  # compute() returns (score, new prev_feature)
+
+    def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor]:
+        score, feature = self.compute(*args)
+        self.prev_feature.copy_(feature)  # in place: export records a buffer mutation
+        return (score,)
+
+    def compute(self, *args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(score, new feature) without touching the state (neuron aliases the state as an output)."""
+        named = dict(zip(self.inputs, args, strict=True))
+        hidden = self.x_embedder(named["hidden_states"])
+        # the same scaling as FluxTransformer2DModel.forward
+        timestep = named["timestep"].to(hidden.dtype) * 1000
+        if "guidance" in named:
+            temb = self.time_text_embed(timestep, named["guidance"].to(hidden.dtype) * 1000,
+                                        named["pooled_projections"])
+        else:
+            temb = self.time_text_embed(timestep, named["pooled_projections"])
+        feature = self.norm1(hidden, emb=temb)[0]
+        prev = self.prev_feature.float()
+        score = (feature.float() - prev).abs().mean() / prev.abs().mean().clamp_min(1e-30)
+        return score, feature
+
+
+class Fp32FluxRope(torch.nn.Module):
+    """FluxPosEmbed's (cos, sin) tables [S, sum(axes_dim)] from ids [S, n_axes], in float32 only."""
+
+    def __init__(self, theta: float, axes_dim: list[int]) -> None:
+        super().__init__()
+        self.axes_dim = [int(d) for d in axes_dim]
+        inv = [1.0 / (float(theta) ** (torch.arange(0, d, 2, dtype=torch.float64) / d)) for d in self.axes_dim]
+        # one float32 row per axis, concatenated; computed once on the host in float64
+        self.register_buffer("inv_freq", torch.cat(inv).to(torch.float32), persistent=False)
+
+    def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pos, inv = ids.float(), self.inv_freq.to(ids.device)
+        start, angles = 0, []
+        for i, d in enumerate(self.axes_dim):
+            angles.append(torch.outer(pos[:, i], inv[start:start + d // 2]))  # float32 [S, d/2]
+            start += d // 2
+        a = torch.cat(angles, dim=-1)
+        return a.cos().repeat_interleave(2, dim=1), a.sin().repeat_interleave(2, dim=1)
+
+
+def fp32_flux_rope(module: torch.nn.Module) -> bool:
+    """Compute a FluxPosEmbed's tables without float64 (module docstring); False if done already."""
+    if hasattr(module, "difflet_fp32"):
+        return False
+    fp32 = Fp32FluxRope(module.theta, list(module.axes_dim))
+    module.add_module("difflet_fp32", fp32)
+    module.forward = fp32.forward
+    return True
+
+
+FP32_ROPE = {"FluxPosEmbed": fp32_flux_rope}
+
+CLASSES = {
+    DENOISER: ClassDecl(
+        processor=FluxBoundedAttnProcessor,
+        split=SplitDecl(visual_inputs={"hidden_states": 1, "img_ids": 0}, visual_outputs={"sample": 1},
+                        sp_entries=("context_embedder", "x_embedder"),
+                        joint_prefixes=("single_transformer_blocks.",), processor=FluxSplitAttnProcessor),
+        probe=ProbeDecl(inputs=("hidden_states", "timestep", "pooled_projections", "guidance"),
+                        build=FluxProbe),
+    ),
+}
