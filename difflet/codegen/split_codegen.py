@@ -24,12 +24,17 @@ from difflet.ir.nodes import Node
 
 
 def degrees(node: Node) -> dict[str, int]:
+    """The degrees one replica's programs are built for: dp is always 1 here (a data-parallel
+    layout is the same program on every replica; the runtime starts dp model processes)."""
     la = layout_of(node).attrs
-    return {a: int(la.get(a, 1)) for a in ("dp", "cfg", "cp", "tp")}
+    return {a: 1 if a == "dp" else int(la.get(a, 1)) for a in ("dp", "cfg", "cp", "tp")}
 
 
 def world(node: Node) -> int:
-    return int(layout_of(node).attrs.get("world", 1))
+    """Ranks of one replica of the component (passes/built.py `replica_world`)."""
+    from difflet.passes.built import replica_world
+
+    return replica_world(layout_of(node).attrs)
 
 
 def rank_key(cache_key: str, rank: int, world_size: int) -> str:

@@ -3,7 +3,7 @@
 For tests and benches only (the runtime has its own rank workers). Invariants:
 - `run_ranks(fn, n, *args)` starts n fresh processes (forkserver start method: forked from a
   clean server that imported torch once, so no state leaks from the parent and later launches
-  skip the torch import), joins them into one gloo process group over 127.0.0.1 on a free port,
+  skip the torch import), joins them into one gloo process group through a fresh file store,
   calls `fn(rank, world, *args)` in each, and returns the n results in rank order.
 - `fn` must be importable by name (a module-level function); results travel back pickled via
   torch.save, so tensors arrive as ordinary tensors in the parent.
@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import io
 import os
-import socket
+import shutil
+import tempfile
 import traceback
 from datetime import timedelta
 
@@ -27,11 +28,12 @@ class RankError(RuntimeError):
     """A rank raised (message holds its traceback) or the ranks did not finish in time."""
 
 
-def free_port() -> int:
-    """A TCP port that was free on loopback a moment ago (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def rendezvous() -> tuple[str, str]:
+    """(init_method, directory to remove afterwards) of a fresh file store: ranks meet through a
+    file, not a TCP port picked in advance, which another process starting ranks at the same
+    moment could take first (two model processes loading split programs did)."""
+    directory = tempfile.mkdtemp(prefix="difflet-ranks-")
+    return f"file://{os.path.join(directory, 'store')}", directory
 
 
 def _dumps(obj) -> bytes:
@@ -40,12 +42,12 @@ def _dumps(obj) -> bytes:
     return buf.getvalue()
 
 
-def _child(rank: int, world: int, port: int, fn, args, queue, threads: int) -> None:
+def _child(rank: int, world: int, init_method: str, fn, args, queue, threads: int) -> None:
     # One thread per rank: the ranks share a few cores, oversubscription only adds noise.
     torch.set_num_threads(threads)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+        dist.init_process_group("gloo", init_method=init_method, rank=rank,
                                 world_size=world, timeout=timedelta(seconds=60))
         try:
             result = fn(rank, world, *args)
@@ -61,8 +63,8 @@ def run_ranks(fn, world: int, *args, timeout: float = 120.0, threads: int = 1) -
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "torch.distributed", "difflet.parallel.launch"])
     queue = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_child, args=(r, world, port, fn, args, queue, threads), daemon=True)
+    init_method, directory = rendezvous()
+    procs = [ctx.Process(target=_child, args=(r, world, init_method, fn, args, queue, threads), daemon=True)
              for r in range(world)]
     for p in procs:
         p.start()
@@ -88,4 +90,5 @@ def run_ranks(fn, world: int, *args, timeout: float = 120.0, threads: int = 1) -
             if p.is_alive():
                 p.kill()
                 p.join()
+        shutil.rmtree(directory, ignore_errors=True)
     return [results[r] for r in range(world)]

@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import threading
 import traceback
 from datetime import timedelta
 
 import torch
 
-from difflet.parallel.launch import RankError, free_port
+from difflet.parallel.launch import RankError, rendezvous
 
 
 def _dumps(obj) -> bytes:
@@ -47,7 +48,7 @@ def _loads(payload: bytes):
     return torch.load(io.BytesIO(payload), weights_only=False)
 
 
-def _worker(rank, world, port, degrees, loader, args, inbox, outbox, threads, timeout) -> None:
+def _worker(rank, world, init_method, degrees, loader, args, inbox, outbox, threads, timeout) -> None:
     import faulthandler
     import sys
 
@@ -56,7 +57,7 @@ def _worker(rank, world, port, degrees, loader, args, inbox, outbox, threads, ti
     torch.set_num_threads(threads)  # ranks share the cores: oversubscription only adds noise
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+        dist.init_process_group("gloo", init_method=init_method, rank=rank,
                                 world_size=world, timeout=timedelta(seconds=120))
         from difflet.parallel.groups import make_groups
 
@@ -100,9 +101,9 @@ class SplitProgram:
         ctx.set_forkserver_preload(["torch", "torch.distributed", "difflet.parallel.workers"])
         self._outbox = ctx.Queue()
         self._inboxes = [ctx.Queue() for _ in range(self.world)]
-        port = free_port()
+        init_method, self._rendezvous = rendezvous()
         self._procs = [ctx.Process(target=_worker, daemon=True,
-                                   args=(r, self.world, port, dict(degrees), loader, tuple(per_rank_args[r]),
+                                   args=(r, self.world, init_method, dict(degrees), loader, tuple(per_rank_args[r]),
                                          self._inboxes[r], self._outbox, threads, timeout))
                        for r in range(self.world)]
         for p in self._procs:
@@ -158,6 +159,7 @@ class SplitProgram:
                 p.kill()
                 p.join()
         self._procs = []
+        shutil.rmtree(self._rendezvous, ignore_errors=True)
 
     def __enter__(self):
         return self

@@ -134,6 +134,8 @@ def _run(conn, runner, run: msg.Run, should_stop: Callable, compiles: list[int],
 def serve(conn, config: dict[str, Any]) -> None:
     """Process entry point: load, warm up, report, then serve Run messages until Stop or EOF."""
     os.setpgrp()  # its own process group: a kill also reaches rank workers it started
+    if config.get("cores"):  # its replica's cores; rank workers it starts inherit them
+        os.sched_setaffinity(0, config["cores"])
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     import faulthandler
 

@@ -143,7 +143,9 @@ class Replica:
         try:
             self.precheck()
             conn, child = _CTX.Pipe(duplex=True)
-            config = dict(self.config, generation=self.generation)
+            cores = self.config.get("cores") or []
+            config = dict(self.config, generation=self.generation,
+                          cores=cores[self.index] if self.index < len(cores) else [])
             proc = _CTX.Process(target=model_process.serve, args=(child, config),
                                 name=f"difflet-model-{self.index}", daemon=False)
             proc.start()

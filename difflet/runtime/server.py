@@ -39,6 +39,14 @@ from difflet.runtime import difflet_pb2_grpc as pb_grpc
 from difflet.runtime.service import SERVICE_NAME, DiffletServicer
 
 
+def core_sets(replicas: int) -> list[list[int]]:
+    """Disjoint CPU sets, one per replica (the cores this process may use, split evenly); []
+    when there are fewer cores than replicas (then nothing is pinned)."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    per = len(cores) // replicas
+    return [cores[i * per:(i + 1) * per] for i in range(replicas)] if per else []
+
+
 class _Interrupted(BaseException):
     """A stop signal before SERVING; a BaseException so loaders' `except Exception` let it pass."""
 
@@ -48,7 +56,7 @@ class DiffletServer:
 
     def __init__(self, art: str, host: str = "127.0.0.1", port: int = 0, *, queue_size: int = 16,
                  request_timeout: float | None = None, grace: float = 10.0, cache: str = "off",
-                 replicas: int = 1, expect: dict | None = None, verify: bool = True,
+                 replicas: int = 0, expect: dict | None = None, verify: bool = True,
                  threads: int = 0, prompt_policy: str = "truncate", api_key: str | None = None,
                  tls: tuple[str, str] | None = None, max_batch: int | None = None) -> None:
         from difflet.runtime.admission import Admission, check_cache_mode
@@ -67,12 +75,15 @@ class DiffletServer:
         self.admission = Admission(self.info, self.cache, prompt_policy=prompt_policy)
         self.metrics = Metrics()
         self.health = health.HealthServicer()
+        # a dp-planned artifact (dp2xtp2) is served as dp replicas unless --replicas says otherwise
+        replicas = replicas or int(self.info.manifest.parallel.get("dp", 1))
+        self.replicas = replicas
         threads = threads or max(1, (os.cpu_count() or 1) // replicas)
         # batching: requests of one size run together in a model process (default: the largest
         # compiled batch size, so an artifact lowered with --batch-sizes batches as compiled)
         self.max_batch = max_batch or max(self.info.manifest.batch_sizes)
         config = {"root": str(art), "cache": self.cache, "threads": threads, "verify": verify,
-                  "max_batch": self.max_batch}
+                  "max_batch": self.max_batch, "cores": core_sets(replicas)}
         self.dispatcher = Dispatcher(config, replicas=replicas, queue_size=queue_size, grace=grace,
                                      precheck=lambda: check_artifacts(art, expect),
                                      metrics=self.metrics, on_health=self._on_health,
@@ -211,8 +222,9 @@ def _expectations(pairs: tuple[str, ...]) -> dict[str, str]:
               help="step-cache mode: off | cadence:N | online-delta:ALPHA | calibrated:FILE[:THRESHOLD]")
 @click.option("--metrics-port", default=None, type=click.IntRange(0, 65535),
               help="serve Prometheus metrics on this port (0 picks one)")
-@click.option("--replicas", default=1, show_default=True, type=click.IntRange(1, 64),
-              help="model processes; each request goes to the one with the fewest in flight")
+@click.option("--replicas", default=0, show_default=True, type=click.IntRange(0, 64),
+              help="model processes, each on its own cores; each request goes to the one with "
+                   "the fewest in flight; 0 = the artifact's data-parallel degree (dp2xtp2: 2)")
 @click.option("--threads", default=0, show_default=True, type=click.IntRange(0, 1024),
               help="torch threads per model process; 0 = cpu_count // replicas")
 @click.option("--max-batch", default=0, show_default=True, type=click.IntRange(0, 256),
