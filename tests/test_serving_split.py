@@ -19,12 +19,13 @@ import os
 import signal
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 
 from difflet.runtime import client
 from difflet.runtime.demo import start_server, stop_server
-from serving_util import HealthWatch, wait_exit
+from serving_util import HealthWatch, Stream, wait_exit
 
 pytestmark = pytest.mark.slow
 
@@ -127,3 +128,41 @@ def test_tp2_artifact_serves_the_tp1_image_and_leaves_no_rank_worker(arts):
     # wrong split (a lost shard, a wrong head order) moves most pixels by far more
     assert int(diff.max()) <= 1, int(diff.max())
     assert float((diff == 0).all(axis=-1).mean()) >= 0.99
+
+
+def test_sigkill_of_one_rank_worker_mid_request_is_a_clear_error_and_the_replica_recovers(arts):
+    """A rank worker killed while its split program runs a request: that request gets an error
+    naming the dead rank (seen within SplitProgram.POLL_S, not after gloo's collective timeout),
+    the model process is replaced from the artifacts (0 compiles), health returns to SERVING,
+    the next request is byte-identical to one before the fault, and nothing is left behind."""
+    proc, address = start_server(arts["tp2"])
+    recorded: set[int] = set()
+    try:
+        before = client.generate(address, **REQUEST, timeout=300)
+        victim = _rank_workers(before.model_pid)[1]
+        recorded |= {before.model_pid, *_group(before.model_pid)}
+        watch = HealthWatch(address)
+        try:
+            # 1000 steps: the kill lands right after step 1 reports, long before the last one
+            stream = Stream(address, "a long request", 11, steps=1000)
+            stream.wait_for("progress")
+            os.kill(victim, signal.SIGKILL)
+            result, error = stream.finish()
+            assert result is None and error is not None
+            assert error.code() == grpc.StatusCode.INTERNAL, error
+            assert f"died (signal {signal.SIGKILL})" in error.details(), error.details()
+            assert "replaced from the artifacts" in error.details(), error.details()
+            watch.wait_for(["NOT_SERVING", "SERVING"])
+        finally:
+            watch.close()
+        for pid in recorded:
+            assert wait_exit(pid, 60), f"pid {pid} of the broken model process's group survived"
+        after = client.generate(address, **REQUEST, timeout=300)
+        assert after.model_pid != before.model_pid and after.png == before.png
+        processes = client.get_profile(address, timeout=30).serving.processes
+        assert [p.compiles for p in processes] == [0] and processes[0].generation == 1
+        recorded |= {after.model_pid, *_group(after.model_pid)}
+    finally:
+        assert stop_server(proc) == 0
+    for pid in recorded:
+        assert wait_exit(pid, 60), f"pid {pid} outlived difflet-runtime"

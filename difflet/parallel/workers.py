@@ -14,8 +14,9 @@ Invariants:
   leaf that imports nothing of codegen or parallel, so no import cycle runs through here; kept
   so the runtime can use either kind of program.
 - `loader` is importable by name (a module-level function) and returns `runner(*tensors)`.
-- A failing rank raises `RankError` with its traceback; a hang is bounded by `timeout` (and a
-  rank whose call outlives it dumps its Python stack to stderr). After
+- A failing rank raises `RankError` with its traceback, a rank worker that dies raises it within
+  `POLL_S` naming the rank and signal; a hang is bounded by `timeout` (and a rank whose call
+  outlives it dumps its Python stack to stderr). After
   an error or `close()` the program is unusable and no worker outlives it (also on GC/exit).
 - Calls are serialized (one in flight): the ranks' collectives must pair up in order.
 
@@ -28,8 +29,10 @@ from __future__ import annotations
 
 import io
 import os
+import queue
 import shutil
 import threading
+import time
 import traceback
 from datetime import timedelta
 
@@ -84,6 +87,13 @@ def _worker(rank, world, init_method, degrees, loader, args, inbox, outbox, thre
     dist.destroy_process_group()
 
 
+POLL_S = 0.2  # how often a waiting call checks that every rank worker is alive
+
+
+def _exit_text(code) -> str:
+    return f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+
+
 class SplitProgram:
     """A split component's program over `world` resident rank workers (see module docstring)."""
 
@@ -120,18 +130,42 @@ class SplitProgram:
     def _collect(self, what: str):
         """Wait for one report per rank; return rank 0's payload; on any error, break."""
         payload = None
+        end = time.monotonic() + self.timeout
         for _ in range(self.world):
-            try:
-                rank, status, data = self._outbox.get(timeout=self.timeout)
-            except Exception as exc:  # queue.Empty: a rank hung or died silently
-                self._broken = f"rank workers did not finish {what} within {self.timeout:.0f}s"
-                raise RankError(f"{self._broken}; exit codes {[p.exitcode for p in self._procs]}") from exc
+            while True:
+                try:  # short waits: a rank that died is seen now, not after the collective timeout
+                    rank, status, data = self._outbox.get(timeout=min(POLL_S, max(0.0, end - time.monotonic())))
+                    break
+                except queue.Empty:
+                    dead = self._dead()
+                    if dead:
+                        self._broken = "rank worker " + ", ".join(
+                            f"{r} died ({_exit_text(code)})" for r, code in dead) + f" while {what}"
+                        raise RankError(self._broken) from None
+                    if time.monotonic() >= end:
+                        self._broken = f"rank workers did not finish {what} within {self.timeout:.0f}s"
+                        raise RankError(f"{self._broken}; exit codes {[p.exitcode for p in self._procs]}") from None
             if status == "error":
-                self._broken = f"rank {rank} failed while {what}"
-                raise RankError(f"{self._broken}:\n{data}")
+                # a peer killed mid-collective surfaces as this rank's error: name the dead one
+                dead = [(r, c) for r, c in self._dead(wait=1.0, others_than=rank) if c != 0]
+                last = (data.strip().splitlines() or ["?"])[-1]
+                self._broken = (f"rank worker {dead[0][0]} died ({_exit_text(dead[0][1])}) while {what} "
+                                f"(rank {rank}: {last})" if dead else f"rank {rank} failed while {what}: {last}")
+                raise RankError(f"{self._broken}\n{data}")
             if rank == 0:
                 payload = data
         return payload
+
+    def _dead(self, wait: float = 0.0, others_than: int = -1) -> list[tuple[int, int | None]]:
+        """(rank, exit code) of every worker (but `others_than`) that exited, waiting up to
+        `wait` s for one."""
+        end = time.monotonic() + wait
+        while True:
+            dead = [(r, p.exitcode) for r, p in enumerate(self._procs)
+                    if r != others_than and not p.is_alive() and p.exitcode != 0]
+            if dead or time.monotonic() >= end:
+                return dead
+            time.sleep(0.05)
 
     def _dispatch(self, *tensors):
         with self._lock:

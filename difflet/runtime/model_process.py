@@ -22,6 +22,8 @@ Invariants:
   it together with any rank workers its programs started (split components).
 - A message it cannot decode is a bug in the API process: it ends (the API process sees the
   exit and replaces it), never guesses.
+- A split program whose rank worker died or failed is unusable: the request gets that error
+  and the process exits (EXIT_BROKEN_PROGRAM), so the API process replaces it from the artifacts.
 - DIFFLET_FAULTS (tests only): "hang-on-cancel" blocks forever when asked to stop (a
   generation stuck in a device call, the case --grace exists for);
   "hold-load:PATH" makes the first process (generation 0) wait until a line can be read from
@@ -39,6 +41,7 @@ import msgspec
 
 from difflet.runtime import messages as msg
 
+EXIT_BROKEN_PROGRAM = 70  # a split program's rank worker died or failed: its ranks are unusable
 COMPILE_ENTRY_POINTS = (("torch._inductor", "aoti_compile_and_package"), ("torch", "compile"))
 # what every model process imports before it serves (measured with `python -X importtime`:
 # torch, the AOTI package loader, and what the warm-up pulls in lazily: transformers'
@@ -116,7 +119,13 @@ def _run(conn, runner, run: msg.Run, should_stop: Callable, compiles: list[int],
     except DiffletError as err:
         _send(conn, msg.Error(seq, "invalid", err.message))
         return
-    except Exception as err:  # a failed generation must not end the process
+    except Exception as err:  # a failed generation must not end the process ...
+        from difflet.parallel.launch import RankError
+
+        if isinstance(err, RankError):  # ... unless it broke a split program: be replaced
+            _send(conn, msg.Error(seq, "internal", f"{err.args[0].splitlines()[0]}; the model "
+                                                   "process is being replaced from the artifacts"))
+            os._exit(EXIT_BROKEN_PROGRAM)
         _send(conn, msg.Error(seq, "internal", f"{type(err).__name__}: {err}"))
         return
     stats, p = result.stats, result.params
