@@ -64,3 +64,37 @@ def test_demo_serves_every_tiny_family_over_grpc(tmp_path, difflet_test_store, m
         decoded = np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video)])
         assert float(video.average_rate) == fps and len(container.streams.audio) == int(sound)
     assert decoded.shape == (frames, height, width, 3) and decoded.std() > 0
+
+
+def _demo_image(tmp_path, store, model: str, *args: str) -> np.ndarray:
+    out = tmp_path / f"{model}{'-'.join(args)}.png"
+    proc = subprocess.run([sys.executable, "-m", "difflet.cli", "demo", "a red fox in the snow",
+                           "--model", model, "--store", str(store), "-o", str(out), *args],
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return np.asarray(Image.open(out).convert("RGB"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model, args", [
+    ("flux-tiny4", ("--parallel", "tp2cp2", "--attention", "ulysses")),
+    ("qwen-image-tiny", ("--parallel", "tp2")),
+    ("qwen-image-tiny", ("--parallel", "tp1cp2", "--attention", "ring")),
+])
+def test_demo_parallel_serves_the_tp1_image(tmp_path, difflet_test_store, model, args):
+    """`difflet demo --parallel` compiles split rank programs and serves them through the real
+    difflet-runtime; the image equals the TP1 demo's (split programs reorder float sums only:
+    tests/oracle_util.py's closeness rule; a wrong shard or head order fails it by far)."""
+    from oracle_util import describe_match, images_close
+
+    tp1 = _demo_image(tmp_path, difflet_test_store, model)
+    split = _demo_image(tmp_path, difflet_test_store, model, *args)
+    assert images_close(split, tp1), describe_match(split, tp1)
+
+
+def test_demo_refuses_an_unbuilt_layout_before_compiling(tmp_path, difflet_test_store):
+    proc = subprocess.run([sys.executable, "-m", "difflet.cli", "demo", "--model", "qwen-image-tiny",
+                           "--parallel", "tp1+cfg2", "--store", str(difflet_test_store)],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "--parallel: tp1+cfg2: not built for transformer: cfg layouts" in proc.stderr, proc.stderr

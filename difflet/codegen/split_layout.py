@@ -159,7 +159,9 @@ def build_rank_module(node: Node, ckpt_dir: str | os.PathLike, groups) -> Progra
     reason = unsupported_reason(node)
     if reason:
         raise DiffletError(f"component {node.name!r}: {reason}", where=layout_of(node).loc)
-    if layout_of(node).attrs.get("world", 1) == 1:
+    from difflet.passes.built import replica_world
+
+    if replica_world(layout_of(node).attrs) == 1:  # a dp layout's replica may be one rank
         return build_program_module(node, ckpt_dir)
     from difflet.codegen.checkpoint import load_component
 

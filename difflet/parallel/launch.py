@@ -17,11 +17,16 @@ import os
 import shutil
 import tempfile
 import traceback
+import warnings
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+# torch's own pytree deprecation, raised while rank processes unpickle their arguments (torch
+# 2.13; not actionable by callers): silenced in every rank process, which imports this module
+warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
 
 
 class RankError(RuntimeError):

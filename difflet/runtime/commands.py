@@ -120,12 +120,17 @@ class ProgressBar:
               help="flux-shapes: the shipped trained weights; *-tiny: each family at toy size, "
                    "random:0 weights")
 @click.option("--seed", default=42, show_default=True, type=int)
+@click.option("--parallel", default="tp1", show_default=True, metavar="CONFIG",
+              help="parallel layout to plan and compile (tp2, tp2cp2, tp2+sp, dp2xtp2, ...; "
+                   "the planner must call it legal and codegen build it)")
+@click.option("--attention", default=None, type=click.Choice(["ulysses", "ring", "gather_kv"]),
+              help="context-parallel attention mode (with cpN in --parallel)")
 @click.option("--store", default=None, type=click.Path(file_okay=False),
               help="program store (default: $DIFFLET_STORE or the user cache)")
 @click.option("--verbose", is_flag=True,
               help="also print codegen's line per program and the libraries' own warnings and bars")
 def demo(output: str, prompt_arg: str | None, prompt: str | None, model: str, seed: int,
-         store: str | None, verbose: bool) -> None:
+         parallel: str, attention: str | None, store: str | None, verbose: bool) -> None:
     """Lower, optimize, compile and serve a bundled model (default: the trained flux-shapes);
     generate one image (PNG) or video (MP4)."""
     from difflet.runtime.demo import DEFAULT_PROMPT, run_demo
@@ -133,7 +138,8 @@ def demo(output: str, prompt_arg: str | None, prompt: str | None, model: str, se
     if prompt_arg and prompt and prompt_arg != prompt:
         raise click.UsageError("give the prompt once (PROMPT or --prompt)")
     run_demo(Path(output) if output else None, prompt_arg or prompt or DEFAULT_PROMPT, Path(store) if store else None,
-             seed=seed, log=click.echo, model=model, verbose=verbose)
+             seed=seed, log=click.echo, model=model, verbose=verbose, parallel=parallel,
+             attention=attention)
 
 
 COMMANDS = [generate, demo]

@@ -1,10 +1,11 @@
 """`difflet demo`: the whole toolchain on a bundled model, CPU, one command.
 
 Models (`MODELS`): flux-shapes (default; the trained pipeline shipped in difflet/assets/flux-shapes,
-so the image follows the prompt), and flux-tiny, qwen-image-tiny, wan2.1-tiny, hunyuan-video-tiny,
+so the image follows the prompt), and flux-tiny, flux-tiny4 (heads that divide 4, for split
+layouts), qwen-image-tiny, wan2.1-tiny, hunyuan-video-tiny,
 ltx2-tiny (each family's real pipeline at toy size with random:0 weights: noise-like output; the
 video models write MP4).
-Stages (each timed): lower -> opt (tp1, cpu, inductor) -> codegen (the model's weights, programs
+Stages (each timed): lower -> opt (--parallel, default tp1; cpu, inductor) -> codegen (the model's weights, programs
 from the content-addressed store) -> start `difflet-runtime --port 0` and wait until it prints
 "listening on HOST:PORT" (it does so only once SERVING) -> one Generate over gRPC -> write the
 PNG (or MP4) -> SIGTERM the server and wait for its exit.
@@ -33,6 +34,7 @@ SHAPES_WEIGHTS = REPO / "difflet" / "assets" / "flux-shapes"
 MODELS = {
     "flux-shapes": (REPO / "models" / "flux-shapes.dsl", str(SHAPES_WEIGHTS)),
     "flux-tiny": (DEMO_DSL, "random:0"),
+    "flux-tiny4": (REPO / "models" / "flux-tiny4.dsl", "random:0"),  # heads divide 4: split layouts
     # the other four families at toy size with random:0 weights (noise-like output, real pipelines)
     **{name: (REPO / "models" / f"{name}.dsl", "random:0")
        for name in ("qwen-image-tiny", "wan2.1-tiny", "hunyuan-video-tiny", "ltx2-tiny")},
@@ -131,9 +133,11 @@ def quiet_libraries() -> None:
 
 
 def compile_model(model: str, art: Path, store: Path, report: DemoReport | None = None,
-                  log: Callable[[str], None] | None = None, verbose: bool = False):
-    """Lower, optimize (tp1, cpu, inductor) and codegen bundled MODEL into a fresh ART dir
-    (programs from STORE); returns codegen's result. ART is a view of the store: rebuilt each call."""
+                  log: Callable[[str], None] | None = None, verbose: bool = False,
+                  parallel: str = "tp1", attention: str | None = None):
+    """Lower, optimize (PARALLEL, default tp1; cpu, inductor) and codegen bundled MODEL into a
+    fresh ART dir (programs from STORE); returns codegen's result. ART is a view of the store:
+    rebuilt each call."""
     from difflet.codegen.driver import codegen
     from difflet.frontend.lower import lower_file
     from difflet.passes.pipeline import optimize
@@ -145,7 +149,12 @@ def compile_model(model: str, art: Path, store: Path, report: DemoReport | None 
     with _Timer(report, "lower"):
         module = lower_file(str(dsl))
     with _Timer(report, "opt"):
-        module = optimize(module, parallel="tp1", target="cpu", backend="inductor")
+        module = optimize(module, parallel=parallel, target="cpu", backend="inductor", attention=attention)
+        from difflet.passes.built import reasons
+
+        unbuilt = reasons(module, "inductor")  # refuse before any compile, in codegen's words
+        if unbuilt:
+            raise DiffletError(f"{parallel}: not built for {unbuilt[0][0]}: {unbuilt[0][1]}", where="--parallel")
     with _Timer(report, "codegen") as t:
         if art.exists():
             shutil.rmtree(art)
@@ -157,7 +166,7 @@ def compile_model(model: str, art: Path, store: Path, report: DemoReport | None 
 
 def run_demo(output: Path | None, prompt: str, store: Path | None, seed: int = 42,
              log: Callable[[str], None] = print, model: str = DEFAULT_MODEL,
-             verbose: bool = False) -> DemoReport:
+             verbose: bool = False, parallel: str = "tp1", attention: str | None = None) -> DemoReport:
     from difflet.codegen.store import default_store_dir
     from difflet.runtime import client
 
@@ -168,8 +177,10 @@ def run_demo(output: Path | None, prompt: str, store: Path | None, seed: int = 4
     if not verbose:
         quiet_libraries()
     report = DemoReport()
-    art = store / "demo-art" / model
-    compile_model(model, art, store, report, log=log if verbose else None, verbose=verbose)
+    art = store / "demo-art" / (model if parallel == "tp1" and not attention
+                                else f"{model}-{parallel}-{attention or 'default'}")
+    compile_model(model, art, store, report, log=log if verbose else None, verbose=verbose,
+                  parallel=parallel, attention=attention)
     with _Timer(report, "load+warm-up") as t:
         proc = launch_server(art)
         ready = read_line(proc, "model process 0 ready: ")  # its imports, load and warm-up

@@ -9,10 +9,8 @@ Invariants:
   padding, and text-only position ids are 0..L-1 with or without the mask. The host keeps the
   valid rows; the padding rows are garbage by design and never read.
 - The denoiser program masks text padding from the runtime valid_text inside the program
-  (family/qwen_image_attention.py's processor, declared in CLASSES below). Its RoPE tables depend only on
-  the static grid and T, so they are computed once by diffusers' own QwenEmbedRope and kept as
-  real-valued buffers (exact: view_as_real/view_as_complex round-trip): AOTInductor would
-  otherwise fold the complex constant slicing into constants the program cannot name.
+  (family/qwen_image_attention.py's processor, declared in CLASSES below), which also installs
+  its static RoPE tables as real buffers (`install_static_rope`), in world-1 and split programs.
 - The tiny tokenizer splits the chat template into exactly as many tokens as Qwen2Tokenizer
   does (34 before the prompt), so the pipeline's fixed drop index means the same thing.
 """
@@ -54,27 +52,6 @@ class QwenTextEncoderProgram(torch.nn.Module):
         return (out.hidden_states[-1],)
 
 
-def denoiser_program(model: torch.nn.Module, node: Node) -> torch.nn.Module:
-    """QwenImageTransformer2DModel with its RoPE tables precomputed as buffers (module docstring)."""
-    import math
-
-    from difflet.codegen.build import ProgramModule
-
-    shapes = {n.name: getattr(n.results[0].type, "shape", ()) for n in node.find(Op.INPUT)}
-    side, text_len = math.isqrt(int(shapes["hidden_states"][1])), int(shapes["encoder_hidden_states"][1])
-    rope = model.pos_embed
-    with torch.no_grad():
-        vid, txt = rope([(1, side, side)], device=torch.device("cpu"), max_txt_seq_len=text_len)
-    rope.register_buffer("difflet_vid_freqs", torch.view_as_real(vid).clone(), persistent=False)
-    rope.register_buffer("difflet_txt_freqs", torch.view_as_real(txt).clone(), persistent=False)
-
-    def static_rope(*_args, **_kwargs):  # the grid and T are static: the tables never change
-        return torch.view_as_complex(rope.difflet_vid_freqs), torch.view_as_complex(rope.difflet_txt_freqs)
-
-    rope.forward = static_rope
-    return ProgramModule(model, node)
-
-
 def write_tokenizer(comp: Node, config: dict, tokenizer_attrs, dest: Path) -> bool:
     """A word-level tokenizer shaped like Qwen2Tokenizer: chat special tokens, newlines as tokens,
     no added bos/eos, right padding with <|endoftext|> (the text config's pad id)."""
@@ -114,7 +91,7 @@ CLASSES = {
     "transformers.Qwen2_5_VLForConditionalGeneration": ClassDecl(wrapper=QwenTextEncoderProgram,
                                                                  write_tokenizer=write_tokenizer),
     "diffusers.QwenImageTransformer2DModel": ClassDecl(
-        processor=QwenBoundedAttnProcessor, wrapper=denoiser_program,
+        processor=QwenBoundedAttnProcessor,  # its prepare_model installs the static RoPE tables
         split=SplitDecl(visual_inputs={"hidden_states": 1}, visual_outputs={"sample": 1},
                         sp_entries=("txt_in", "img_in"),
                         joint_prefixes=(),  # double-stream only: no linear sees the joint sequence

@@ -48,7 +48,8 @@ def prepare_qwen_model(model: torch.nn.Module, node: Node) -> None:
 
     ProgramModule calls `model.forward(**inputs, joint_attention_kwargs=runtime)` directly, but
     Qwen's forward takes `attention_kwargs` and needs `img_shapes` for RoPE, and text RoPE must cover
-    the static T even when the text stream is an SP shard. The IR carries only the
+    the static T even when the text stream is an SP shard (`install_static_rope`, for world 1
+    and split programs alike). The IR carries only the
     visual token count, so the grid is taken square (the profiles have height == width); a
     non-square count raises instead of silently using wrong positions.
     """
@@ -70,13 +71,25 @@ def prepare_qwen_model(model: torch.nn.Module, node: Node) -> None:
         return forward(*args, attention_kwargs=joint_attention_kwargs,
                        img_shapes=img_shapes or [(1, side, side)], **kwargs)
 
-    def full_text_rope(_module, args, kwargs):
-        # forward sizes text RoPE by the text stream, an SP token shard; attention sees all T tokens
-        return args, {**kwargs, "max_txt_seq_len": text_len}
-
     model.forward = program_forward  # instance attribute: getattr(model, "forward") finds it
-    model.pos_embed.register_forward_pre_hook(full_text_rope, with_kwargs=True)
+    install_static_rope(model.pos_embed, side, text_len)
     model._difflet_prepared = True
+
+
+def install_static_rope(rope: torch.nn.Module, side: int, text_len: int) -> None:
+    """RoPE tables of the static grid and all T text tokens (also under SP, where the text
+    stream is a token shard), computed once by diffusers' own QwenEmbedRope and kept as real
+    buffers (exact: view_as_real/view_as_complex round-trip): AOTInductor would otherwise fold
+    the complex constant slicing into constants the program cannot name."""
+    with torch.no_grad():
+        vid, txt = rope([(1, side, side)], device=torch.device("cpu"), max_txt_seq_len=text_len)
+    rope.register_buffer("difflet_vid_freqs", torch.view_as_real(vid).clone(), persistent=False)
+    rope.register_buffer("difflet_txt_freqs", torch.view_as_real(txt).clone(), persistent=False)
+
+    def static_rope(*_args, **_kwargs):  # the grid and T are static: the tables never change
+        return torch.view_as_complex(rope.difflet_vid_freqs), torch.view_as_complex(rope.difflet_txt_freqs)
+
+    rope.forward = static_rope
 
 
 class QwenBoundedAttnProcessor:
