@@ -17,6 +17,7 @@ profile {
     template = 95       # the prompt template tokens the pipeline crops (its crop_start)
     clip_len = 77       # the pipeline always tokenizes CLIP to 77
     dtype    = float32
+    batch    = 1        # requests per denoiser call (`difflet lower --batch-sizes` adds more)
 }
 
 runtime valid_text: int64 in [1, max_text] default max_text
@@ -59,13 +60,13 @@ denoiser transformer = diffusers.HunyuanVideoTransformer3DModel from "transforme
         rope_axes_dim: [4, 6, 6]
     }
     dtype dtype
-    input hidden_states:          dtype[1, 4, (frames - 1) / 4 + 1, height / 4, width / 4]
-    input timestep:               float32[1]   # the pipeline passes the fp32 timestep
-    input encoder_hidden_states:  dtype[1, max_text, 32]
-    input pooled_projections:     dtype[1, 32]
-    input guidance:               float32[1]
+    input hidden_states:          dtype[batch, 4, (frames - 1) / 4 + 1, height / 4, width / 4]
+    input timestep:               float32[batch]   # the pipeline passes the fp32 timestep
+    input encoder_hidden_states:  dtype[batch, max_text, 32]
+    input pooled_projections:     dtype[batch, 32]
+    input guidance:               float32[batch]
     input valid_text: runtime valid_text
-    output sample: dtype[1, 4, (frames - 1) / 4 + 1, height / 4, width / 4] select 0
+    output sample: dtype[batch, 4, (frames - 1) / 4 + 1, height / 4, width / 4] select 0
 
     # the token refiner's self-attention keeps diffusers' masked attention (mask built in the
     # program from valid_text); the joint sites run Difflet's bounded attention

@@ -16,6 +16,7 @@ profile {
     template = 95       # the prompt template tokens the pipeline crops
     clip_len = 77
     dtype    = bfloat16
+    batch    = 1        # requests per denoiser call (`difflet lower --batch-sizes` adds more)
 }
 
 runtime valid_text: int64 in [1, max_text] default max_text
@@ -59,14 +60,14 @@ denoiser transformer = diffusers.HunyuanVideoTransformer3DModel from "transforme
         rope_axes_dim: [16, 56, 56]
     }
     dtype dtype
-    input hidden_states:          dtype[1, 16, (frames - 1) / 4 + 1, height / 8, width / 8]
-    input timestep:               float32[1]   # the pipeline passes the fp32 timestep
-    input encoder_hidden_states:  dtype[1, max_text, 4096]
+    input hidden_states:          dtype[batch, 16, (frames - 1) / 4 + 1, height / 8, width / 8]
+    input timestep:               float32[batch]   # the pipeline passes the fp32 timestep
+    input encoder_hidden_states:  dtype[batch, max_text, 4096]
     # no mask input: the program builds encoder_attention_mask from valid_text
-    input pooled_projections:     dtype[1, 768]
-    input guidance:               float32[1]
+    input pooled_projections:     dtype[batch, 768]
+    input guidance:               float32[batch]
     input valid_text: runtime valid_text
-    output sample: dtype[1, 16, (frames - 1) / 4 + 1, height / 8, width / 8] select 0
+    output sample: dtype[batch, 16, (frames - 1) / 4 + 1, height / 8, width / 8] select 0
 
     # the token refiner's self-attention (24 x 128 over the text) keeps diffusers' masked SDPA:
     # codegen installs Difflet's bounded attention at joint sites only

@@ -216,3 +216,33 @@ def test_python_api_runs_num_images_per_prompt_through_the_batch_programs(runner
     second_alone = runner.generate(runner.resolve(prompt="a red cube", seed=2)).image
     for got, ref in zip((r.image for r in out.results), (alone[0], second_alone)):
         assert images_close(got, ref), describe_match(got, ref)
+
+
+@pytest.mark.slow
+def test_a_video_family_batches_too(tmp_path_factory, difflet_test_store):
+    """hunyuan-video-tiny lowered with --batch-sizes 1,2: two requests of different prompts and
+    seeds run as batched denoiser calls, each video equal to itself run alone (same rule). Its
+    text is masked, so valid_text is a shared input: prompts of another token count never share
+    a call (they would attend the wrong keys), they run side by side in calls of their own."""
+    from difflet.codegen.checkpoint import resolve_weights
+    from difflet.codegen.driver import codegen
+    from difflet.frontend.lower import lower_file
+    from difflet.passes.pipeline import optimize
+    from difflet.runtime.runner import ModelRunner
+
+    module = optimize(lower_file(str(REPO / "models" / "hunyuan-video-tiny.dsl"), batches=[1, 2]))
+    ckpt = resolve_weights(module, "random:0", difflet_test_store)
+    out = tmp_path_factory.mktemp("batching-video") / "art"
+    codegen(module, str(ckpt), out, store=difflet_test_store, log=lambda *_: None)
+    steps = int(module.attrs["profile"]["steps"])
+    same_len = [dict(prompt="a red fox in the snow", seed=1), dict(prompt="a big cat on the moon", seed=2)]
+    other_len = [same_len[0], dict(prompt="a blue whale", seed=2)]
+    with ModelRunner.from_artifacts(out, max_batch=2) as runner:
+        runner.warm_up()
+        for requests, want in ((same_len, {2: steps}), (other_len, {1: 2 * steps})):
+            alone = [runner.generate(runner.resolve(**r)).video for r in requests]
+            results, calls = _together(runner, requests)
+            assert calls == want, calls
+            for got, ref in zip(results, alone):
+                assert images_close(got.video, ref), describe_match(got.video, ref)
+            assert not images_close(results[0].video, results[1].video)

@@ -138,7 +138,7 @@ def test_list_legal_golden(lowered, name):
     ("ltx2", "tp4+sp", "sp-tokens, component transformer", "models/ltx2.dsl:48:1",
      "legal on trn2 with 4 cores: tp4"),
     ("hunyuan-video", "tp2cp2 --attention gather_kv", "masked-equal-qk, component transformer",
-     "models/hunyuan-video.dsl:73:5", "tp2cp2 ulysses"),
+     "models/hunyuan-video.dsl:74:5", "tp2cp2 ulysses"),
     ("qwen-image", "tp2cp2", "memory, component transformer", "models/qwen-image.dsl:41:1",
      "legal on trn2 with 4 cores: tp4, tp4+sp"),
     ("flux", "tp4 --component-tp text_encoder_2=3", "component-tp, component text_encoder_2",

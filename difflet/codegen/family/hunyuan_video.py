@@ -7,7 +7,7 @@ Invariants:
 - The dual- and single-stream attention sites compute q/k/v exactly as diffusers'
   HunyuanVideoAttnProcessor2_0 and differ only in the attention call: the joint bounded op over
   [visual, text] keys with bounds [0, V + valid_text), where valid_text is read back from the key
-  mask the model built (from valid_text; batch 1) — softmax over the same keys as diffusers'
+  mask the model built (from valid_text, the same for every row) — softmax over the same keys as diffusers'
   masked SDPA. The token refiner's self-attention keeps diffusers' processor (the shared
   install_attention installs processors at joint sites only).
 - The Llama program returns hidden_states[-(SKIP_LAYERS + 1)] (the pipeline's num_hidden_layers_to_skip
@@ -70,8 +70,9 @@ class HunyuanVideoBoundedAttnProcessor:
 
         text_len = encoder_hidden_states.shape[1] if encoder_hidden_states is not None else 0
         valid_text = None
-        if attention_mask is not None:  # [1, 1, 1, V + T] keys, True on [0, V + valid_text)
-            valid_text = attention_mask.reshape(-1).to(torch.int64).sum() - (key.shape[1] - text_len)
+        if attention_mask is not None:  # [B, 1, 1, V + T] keys, True on [0, V + valid_text)
+            # rows share valid_text (one runtime value per call): read it from the first
+            valid_text = attention_mask[0].reshape(-1).to(torch.int64).sum() - (key.shape[1] - text_len)
         out = joint_bounded_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
                                       text_len, valid_text, text_first=False)
         hidden_states = out.transpose(1, 2).flatten(2, 3).to(query.dtype)
@@ -87,7 +88,7 @@ class HunyuanVideoBoundedAttnProcessor:
 
 
 class HunyuanVideoProgram(torch.nn.Module):
-    """IR inputs in (batch 1; valid_text a 0-d int64), the transformer's `sample` out."""
+    """IR inputs in (any batch; valid_text a 0-d int64 shared by the rows), `sample` out."""
 
     def __init__(self, model: torch.nn.Module, node: Node) -> None:
         super().__init__()
@@ -109,7 +110,8 @@ class HunyuanVideoProgram(torch.nn.Module):
         valid_text = kwargs.pop("valid_text")
         text = kwargs["encoder_hidden_states"]
         # the pipeline passes the tokenizer's mask cast to the transformer dtype; right padding
-        mask = (torch.arange(text.shape[1], device=text.device) < valid_text).to(text.dtype)[None]
+        mask = (torch.arange(text.shape[1], device=text.device) < valid_text).to(text.dtype)
+        mask = mask[None].expand(text.shape[0], -1)  # every row of a batch: one valid_text
         out = self.model(**kwargs, encoder_attention_mask=mask, return_dict=False)[0]
         return (out,)
 
