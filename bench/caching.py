@@ -13,18 +13,22 @@ of its fastest repeat (the machine is shared; the fastest is the least disturbed
 Per mode: steps, mean denoiser calls; speedup = denoise time of off / of the mode, and its
 fraction of the ceiling (steps / calls); cached-step cost / full-step cost (a full step = the
 denoiser call + the scheduler update); in-loop probe cost / full-step cost; PSNR and SSIM of the
-image vs the uncached image. Separately, one probe program call / one denoiser program call on
-example inputs (median of 100). Prints JSON (also to --json), then a markdown table headed by the
-model, steps and call costs. Targets: speedup >= 0.98 of the ceiling, cached step <= 1% of a full
-step, probe <= 2% of a denoiser call.
+image (a video: PSNR over all its frames' pixels, SSIM the mean over frames) vs the uncached output.
+Separately, one probe program call / one denoiser program call on example inputs (median of 100).
+Prints JSON (also to --json; --out PREFIX writes PREFIX.json and PREFIX.md), then a markdown table
+headed by the model, steps and call costs. Targets (issue 13): speedup >= 0.98 of the ceiling,
+cached step <= 1% of a full step, probe <= 2% of a denoiser call, and PSNR(calibrated) -
+PSNR(fewer steps) at (about) equal denoiser calls, reported.
 
 The full-step ms column is the noise gauge: every mode runs the same denoiser call, so on a quiet
 machine it is equal across rows, and a spread of k% moves "of ceiling" by about k% either way
 (above 1.000 is such noise; so is part of any miss of the same size).
 
-Models: models/flux-tiny.dsl (default; ~1 ms per denoiser call, so fixed per-step host costs
-dominate its ratios) and models/flux-bench.dsl (tens of ms per call, like a real model relative
-to host work; use fewer repeats, e.g. --repeats 5).
+Models: any family's description with a probe (every family has one): models/flux-tiny.dsl
+(default; ~1 ms per denoiser call, so fixed per-step host costs dominate its ratios), the other
+tiny variants (qwen-image-tiny, wan2.1-tiny, hunyuan-video-tiny, ltx2-tiny: the same holds) and
+models/flux-bench.dsl (tens of ms per call, like a real model relative to host work; use fewer
+repeats, e.g. --repeats 5).
 
     python bench/caching.py [--model models/flux-tiny.dsl] [--weights random:0] [--steps 50]
                             [--prompts 4] [--repeats 15] [--threads 1] [--store DIR] [--json FILE]
@@ -51,8 +55,16 @@ assert not set(CAL_PROMPTS) & set(EVAL_PROMPTS)
 SEED = 42
 
 
+def pixels(result) -> np.ndarray:
+    """The output as uint8: an image [H, W, 3] or a video's frames [F, H, W, 3]."""
+    return result.image if result.image is not None else result.video
+
+
 def ssim(a: np.ndarray, b: np.ndarray) -> float:
-    """Mean SSIM of uint8 [H, W, C] images (Gaussian window 11, sigma 1.5, per channel; Wang 2004)."""
+    """Mean SSIM of uint8 [H, W, C] images, or of a video's frames (Gaussian window 11, sigma 1.5,
+    per channel; Wang 2004)."""
+    if a.ndim == 4:
+        return float(np.mean([ssim(x, y) for x, y in zip(a, b, strict=True)]))
     x = torch.tensor(a, dtype=torch.float64).permute(2, 0, 1)[:, None]
     y = torch.tensor(b, dtype=torch.float64).permute(2, 0, 1)[:, None]
     g = torch.exp(-((torch.arange(11, dtype=torch.float64) - 5) ** 2) / (2 * 1.5 ** 2))
@@ -87,7 +99,8 @@ def run_modes(runner, prompts, modes, repeats) -> dict[str, list[dict]]:
             results[key].append(runner.generate(par))
     out: dict[str, list[dict]] = {}
     for (name, prompt), res in results.items():
-        assert all(r.png == res[0].png for r in res), "a repeat changed the output"
+        changed = [i for i, r in enumerate(res) if not np.array_equal(pixels(r), pixels(res[0]))]
+        assert not changed, f"{name}, {prompt!r}: repeats {changed} changed the output"
         fastest = min(res, key=lambda r: r.timings["denoise"])
         out.setdefault(name, []).append({"prompt": prompt, "result": res[0], "fastest": fastest,
                                          "denoise_ms": fastest.timings["denoise"]})
@@ -134,7 +147,7 @@ def summarize(name, rows, ref_rows, steps):
     t_mode = float(np.mean([r["denoise_ms"] for r in rows]))
     t_off = float(np.mean([r["denoise_ms"] for r in ref_rows]))
     speedup, ceiling = t_off / t_mode, steps / calls
-    quality = [(psnr(r["result"].image, q["result"].image), ssim(r["result"].image, q["result"].image))
+    quality = [(psnr(pixels(r["result"]), pixels(q["result"])), ssim(pixels(r["result"]), pixels(q["result"])))
                for r, q in zip(rows, ref_rows)]
     return {"mode": name, "steps": len(stats[0]["schedule"]), "denoiser_calls": calls,
             "cached_steps": float(np.mean([s["cached_steps"] for s in stats])),
@@ -160,8 +173,18 @@ def table(rows) -> str:
     return "\n".join(out)
 
 
+def versus_fewer(rows) -> dict:
+    """PSNR(calibrated) - PSNR(fewer steps), both against the uncached output, with the denoiser
+    calls each made (equal calls by construction only on the calibration prompts' replay)."""
+    cal = next(r for r in rows if r["mode"] == "calibrated (accumulate)")
+    fewer = next(r for r in rows if r["mode"].startswith("fewer steps"))
+    return {"psnr_calibrated": cal["psnr_mean"], "psnr_fewer_steps": fewer["psnr_mean"],
+            "delta_db": cal["psnr_mean"] - fewer["psnr_mean"], "calls_calibrated": cal["denoiser_calls"],
+            "calls_fewer_steps": fewer["denoiser_calls"]}
+
+
 def targets(rows, costs) -> str:
-    """Issue 5's three targets against this run, each with the value it was judged on."""
+    """Issue 13's four targets against this run, each with the value it was judged on."""
     cadence = next(r for r in rows if r["mode"] == "cadence:2")
     cached = max(r["cached_vs_full"] for r in rows if r["cached_vs_full"] is not None)
     in_loop = [r["probe_vs_full_step"] for r in rows if r["probe_vs_full_step"] is not None]
@@ -174,6 +197,10 @@ def targets(rows, costs) -> str:
         lines.append(f"target probe <= 2% of a denoiser call: program calls {100 * costs['probe_vs_call']:.2f}% "
                      f"{mark(costs['probe_vs_call'] <= 0.02)}; in the loop vs a full step (worst mode) "
                      f"{100 * worst:.2f}% {mark(worst <= 0.02)}")
+    v = versus_fewer(rows)
+    lines.append(f"PSNR(calibrated) - PSNR(fewer steps) vs uncached: {v['delta_db']:+.2f} dB "
+                 f"({v['psnr_calibrated']:.1f} at {v['calls_calibrated']:.1f} calls vs {v['psnr_fewer_steps']:.1f} "
+                 f"at {v['calls_fewer_steps']:.1f} calls)")
     return "\n".join(lines)
 
 
@@ -186,6 +213,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--store", default=str(REPO / ".pytest_cache" / "difflet-store"))
     ap.add_argument("--json", help="also write the JSON report to this file")
+    ap.add_argument("--out", help="write PREFIX.json (the report) and PREFIX.md (the printed summary)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch intra-op threads (1: on a loaded shared machine, waking a 2nd thread per call "
                          "costs more than a tiny model's whole step)")
@@ -220,21 +248,27 @@ def main() -> None:
               "prompts": prompts, "calibration_prompts": CAL_PROMPTS, "seed": SEED, "repeats": args.repeats,
               "calibration": {k: cal[k] for k in ("r2", "neighbour_r", "selected", "threshold", "accumulate",
                                                   "target", "coefficients")},
-              "modes": summary}
+              "modes": summary, "versus_fewer_steps": versus_fewer(summary)}
     print(json.dumps(report, indent=1))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1))
+    for path in [args.json, args.out and f"{args.out}.json"]:
+        if path:
+            Path(path).write_text(json.dumps(report, indent=1))
+    text = markdown(report, args, cal, costs, summary, prompts)
     print()
-    print(f"model {report['model']} ({args.model}, {args.weights}), {args.steps} steps, {len(prompts)} "
-          f"evaluation prompts x {args.repeats} repeats, {args.threads} torch thread(s), seed {SEED}; "
-          f"calibrated on {len(CAL_PROMPTS)} other prompts: R^2 {cal['r2']:.3f}, selected {cal['selected']}")
-    print(f"one denoiser program call {costs['denoiser_call_ms']:.3f} ms, one probe call "
-          f"{costs.get('probe_call_ms', float('nan')):.3f} ms "
-          f"({100 * costs.get('probe_vs_call', float('nan')):.2f}% of a denoiser call; median of 100)")
-    print()
-    print(table(summary))
-    print()
-    print(targets(summary, costs))
+    print(text)
+    if args.out:
+        Path(f"{args.out}.md").write_text(text + "\n")
+
+
+def markdown(report, args, cal, costs, summary, prompts) -> str:
+    """The printed summary: the run's setup and call costs, the per-mode table and the targets."""
+    lines = [f"model {report['model']} ({args.model}, {args.weights}), {args.steps} steps, {len(prompts)} "
+             f"evaluation prompts x {args.repeats} repeats, {args.threads} torch thread(s), seed {SEED}; "
+             f"calibrated on {len(CAL_PROMPTS)} other prompts: R^2 {cal['r2']:.3f}, selected {cal['selected']}"]
+    lines.append(f"one denoiser program call {costs['denoiser_call_ms']:.3f} ms, one probe call "
+                 f"{costs.get('probe_call_ms', float('nan')):.3f} ms "
+                 f"({100 * costs.get('probe_vs_call', float('nan')):.2f}% of a denoiser call; median of 100)")
+    return "\n".join(lines + ["", table(summary), "", targets(summary, costs)])
 
 
 if __name__ == "__main__":

@@ -56,7 +56,8 @@ def opt(infile, parallel, output, target, cores, attention, probe, backend, comp
         be = backend or load_target(target)["backends"][0]
         opts = Options(parallel=parse_parallel("tp1"), target=target, backend=be, probe=probe,
                        component_tp=ctp)
-        click.echo(f"{module.name} on {target}, {n} cores, probe {probe}:")
+        shown = probe if probe != "none" else "separate"
+        click.echo(f"{module.name} on {target}, {n} cores, without the probe and with it ({shown}):")
         click.echo(legal_configs.table(module, opts, n))
         return
     if not output and not explain_key and not text:

@@ -8,7 +8,7 @@ what codegen would refuse of a legal plan (difflet/passes/built.py): such a row 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from difflet.ir.nodes import Module
 from difflet.passes import built, component_tp, legality, memory
@@ -64,12 +64,20 @@ def legal_labels(m: Module, opts) -> list[str]:
 
 def table(m: Module, opts, cores: int) -> str:
     """A markdown table: config | est. memory per core | encoder/decoder tp | verdict (the first
-    rule that rejects, with the component it names)."""
+    rule that rejects, with the component it names), each configuration judged without the
+    step-caching probe and with it (`--probe`, default separate: its weights and saved feature
+    count in memory). A with-probe verdict equal to the one without reads `same`."""
     target = load_target(opts.target)
-    out = [f"| config | memory/core (of {target['memory_per_core_gib']} GiB) | encoders/decoders | verdict |",
-           "|---|---|---|---|"]
-    for r in rows(m, opts, cores):
-        out.append(f"| {r.config.label()} | {r.memory_gib:.1f} GiB | {r.components()} | {verdict(r)} |")
+    no_probe = replace(opts, probe="none")
+    with_probe = replace(opts, probe=opts.probe if opts.probe != "none" else "separate")
+    out = [f"| config | memory/core (of {target['memory_per_core_gib']} GiB) | encoders/decoders | verdict "
+           f"| + probe ({with_probe.probe}): memory/core | + probe: verdict |", "|---|---|---|---|---|---|"]
+    for r, p in zip(rows(m, no_probe, cores), rows(m, with_probe, cores), strict=True):
+        pv = verdict(p)
+        if p.components() != r.components():  # the probe raised an encoder's own tp
+            pv += f" [{p.components()}]"
+        out.append(f"| {r.config.label()} | {r.memory_gib:.1f} GiB | {r.components()} | {verdict(r)} "
+                   f"| {p.memory_gib:.1f} GiB | {'same' if pv == verdict(r) else pv} |")
     return "\n".join(out)
 
 

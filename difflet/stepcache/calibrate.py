@@ -42,7 +42,7 @@ def record(runner, prompts: Sequence[str], steps: int, seed: int = 0) -> list[di
         params = type(params)(**{**params.__dict__, "cache": CachePlan(CacheMode(), record=True)})
         result = runner.generate(params)
         runs.append({"prompt": prompt, "scores": result.stats["scores"], "changes": result.stats["changes"],
-                     "image": result.image})
+                     "image": result.image if result.image is not None else result.video})
     return runs
 
 

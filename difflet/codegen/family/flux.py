@@ -19,6 +19,7 @@ import torch
 
 from difflet.codegen.attention import joint_bounded_attention, split_joint_attention
 from difflet.codegen.family.decl import ClassDecl, ProbeDecl, SplitDecl
+from difflet.codegen.family.probe_feature import FeatureProbe
 from difflet.errors import DiffletError
 
 PIPELINE_CLASS = "FluxPipeline"
@@ -99,28 +100,16 @@ class FluxSplitAttnProcessor(FluxBoundedAttnProcessor):
         return split_joint_attention(q, k, v, self.text_len, self.text_first, valid_text, self.mode, self.group)
 
 
-class FluxProbe(torch.nn.Module):
-    """FluxTransformer2DModel up to the first block's norm1 output, with the saved feature."""
+class FluxProbe(FeatureProbe):
+    """FluxTransformer2DModel up to the first block's norm1 output (its modulated visual input)."""
 
     def __init__(self, model: torch.nn.Module, feature_shape: tuple[int, ...], inputs: list[str]) -> None:
-        super().__init__()
+        super().__init__(feature_shape, inputs, model.x_embedder.weight.dtype)
         self.x_embedder = model.x_embedder
         self.time_text_embed = model.time_text_embed
         self.norm1 = model.transformer_blocks[0].norm1
-        self.inputs = inputs
-        dtype = self.x_embedder.weight.dtype
-        self.register_buffer("prev_feature", torch.zeros(feature_shape, dtype=dtype))
 
-    STATE, OUTPUTS = ("prev_feature",), 1  # compute() returns (score, new prev_feature)
-
-    def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor]:
-        score, feature = self.compute(*args)
-        self.prev_feature.copy_(feature)  # in place: export records a buffer mutation
-        return (score,)
-
-    def compute(self, *args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(score, new feature) without touching the state (neuron aliases the state as an output)."""
-        named = dict(zip(self.inputs, args, strict=True))
+    def feature(self, named: dict[str, torch.Tensor]) -> torch.Tensor:
         hidden = self.x_embedder(named["hidden_states"])
         # the same scaling as FluxTransformer2DModel.forward
         timestep = named["timestep"].to(hidden.dtype) * 1000
@@ -129,10 +118,7 @@ class FluxProbe(torch.nn.Module):
                                         named["pooled_projections"])
         else:
             temb = self.time_text_embed(timestep, named["pooled_projections"])
-        feature = self.norm1(hidden, emb=temb)[0]
-        prev = self.prev_feature.float()
-        score = (feature.float() - prev).abs().mean() / prev.abs().mean().clamp_min(1e-30)
-        return score, feature
+        return self.norm1(hidden, emb=temb)[0]
 
 
 class Fp32FluxRope(torch.nn.Module):

@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 
 from difflet.codegen.attention import joint_bounded_attention
-from difflet.codegen.family.decl import ClassDecl
+from difflet.codegen.family.decl import ClassDecl, ProbeDecl
+from difflet.codegen.family.probe_feature import FeatureProbe
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op, RuntimeType
 
@@ -142,7 +143,23 @@ def _llama_program(model: torch.nn.Module, node: Node) -> torch.nn.Module:
     return ProgramModule(model, node)
 
 
+class HunyuanVideoProbe(FeatureProbe):
+    """HunyuanVideoTransformer3DModel up to the first double-stream block's norm1 output (its
+    modulated visual input): x_embedder and the timestep/pooled-text/guidance embedding."""
+
+    def __init__(self, model: torch.nn.Module, feature_shape: tuple[int, ...], inputs: list[str]) -> None:
+        super().__init__(feature_shape, inputs, model.x_embedder.proj.weight.dtype)
+        self.x_embedder, self.time_text_embed = model.x_embedder, model.time_text_embed
+        self.norm1 = model.transformer_blocks[0].norm1
+
+    def feature(self, named: dict[str, torch.Tensor]) -> torch.Tensor:
+        temb = self.time_text_embed(named["timestep"], named["pooled_projections"], named.get("guidance"))[0]
+        return self.norm1(self.x_embedder(named["hidden_states"]), emb=temb)[0]
+
+
 CLASSES = {
-    DENOISER: ClassDecl(processor=HunyuanVideoBoundedAttnProcessor, wrapper=HunyuanVideoProgram),
+    DENOISER: ClassDecl(processor=HunyuanVideoBoundedAttnProcessor, wrapper=HunyuanVideoProgram,
+                        probe=ProbeDecl(inputs=("hidden_states", "timestep", "pooled_projections", "guidance"),
+                                        build=HunyuanVideoProbe)),
     "transformers.LlamaModel": ClassDecl(wrapper=_llama_program),
 }

@@ -27,7 +27,8 @@ import math
 import torch
 from torch.overrides import TorchFunctionMode
 
-from difflet.codegen.family.decl import ClassDecl
+from difflet.codegen.family.decl import ClassDecl, ProbeDecl
+from difflet.codegen.family.probe_feature import FeatureProbe
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
 
@@ -116,6 +117,26 @@ class TransformerProgram(torch.nn.Module):
             video_coords=args["video_coords"], audio_coords=args["audio_coords"],
             isolate_modalities=False, use_cross_timestep=True, return_dict=False)
         return video, audio
+
+
+class LTX2Probe(FeatureProbe):
+    """LTX2VideoTransformer3DModel up to the first block's modulated video self-attention input:
+    proj_in, time_embed (the timestep is the sigma TransformerProgram passes) and norm1 with
+    scale_shift_table's shift and scale. Video stream only: the audio stream and the text feed
+    neither (its change tracks the video tokens, the bulk of the sequence)."""
+
+    def __init__(self, model: torch.nn.Module, feature_shape: tuple[int, ...], inputs: list[str]) -> None:
+        super().__init__(feature_shape, inputs, model.proj_in.weight.dtype)
+        self.proj_in, self.time_embed = model.proj_in, model.time_embed
+        self.block = model.transformer_blocks[0]
+
+    def feature(self, named: dict[str, torch.Tensor]) -> torch.Tensor:
+        hidden = self.proj_in(named["hidden_states"])
+        batch = hidden.shape[0]
+        temb = self.time_embed(named["timestep"].flatten(), batch_size=batch, hidden_dtype=hidden.dtype)[0]
+        temb = temb.view(batch, -1, temb.size(-1))
+        shift, scale = self.block.get_mod_params(self.block.scale_shift_table, temb, batch)[:2]
+        return self.block.norm1(hidden) * (1 + scale) + shift
 
 
 class VideoDecodeProgram(torch.nn.Module):
@@ -254,7 +275,8 @@ CLASSES = {
     "transformers.Gemma3ForConditionalGeneration": ClassDecl(wrapper=GemmaStackedHidden,
                                                              write_tokenizer=write_tokenizer),
     "diffusers.pipelines.ltx2.connectors.LTX2TextConnectors": ClassDecl(wrapper=ConnectorsProgram),
-    "diffusers.LTX2VideoTransformer3DModel": ClassDecl(wrapper=TransformerProgram),
+    "diffusers.LTX2VideoTransformer3DModel": ClassDecl(
+        wrapper=TransformerProgram, probe=ProbeDecl(inputs=("hidden_states", "timestep"), build=LTX2Probe)),
     "diffusers.AutoencoderKLLTX2Video": ClassDecl(wrapper=VideoDecodeProgram, build_random=build_random),
     "diffusers.AutoencoderKLLTX2Audio": ClassDecl(wrapper=AudioDecodeProgram, build_random=build_random),
     "diffusers.pipelines.ltx2.vocoder.LTX2Vocoder": ClassDecl(wrapper=VocoderProgram),

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from difflet.codegen.family.decl import ClassDecl, SplitDecl
+from difflet.codegen.family.decl import ClassDecl, ProbeDecl, SplitDecl
+from difflet.codegen.family.probe_feature import FeatureProbe
 from difflet.codegen.family.qwen_image_attention import QwenBoundedAttnProcessor, QwenSplitAttnProcessor
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
@@ -50,6 +51,26 @@ class QwenTextEncoderProgram(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor]:
         out = self.language_model(input_ids=input_ids, use_cache=False, output_hidden_states=True)
         return (out.hidden_states[-1],)
+
+
+class QwenImageProbe(FeatureProbe):
+    """QwenImageTransformer2DModel up to the first block's img_modulated (the attention's visual
+    input): img_in, the timestep embedding, img_mod's first half and img_norm1. It reads no text:
+    the visual stream's modulation depends on the latents and the timestep only."""
+
+    def __init__(self, model: torch.nn.Module, feature_shape: tuple[int, ...], inputs: list[str]) -> None:
+        super().__init__(feature_shape, inputs, model.img_in.weight.dtype)
+        if model.config.get("zero_cond_t") or model.config.get("use_additional_t_cond"):
+            raise DiffletError("the Qwen-Image probe covers transformers without zero_cond_t / additional "
+                               "t_cond (Qwen-Image's own); this config sets one", where="--probe")
+        self.img_in, self.time_text_embed = model.img_in, model.time_text_embed
+        self.block = model.transformer_blocks[0]
+
+    def feature(self, named: dict[str, torch.Tensor]) -> torch.Tensor:
+        hidden = self.img_in(named["hidden_states"])
+        temb = self.time_text_embed(named["timestep"].to(hidden.dtype), hidden)
+        mod1 = self.block.img_mod(temb).chunk(2, dim=-1)[0]  # norm1's shift, scale, gate
+        return self.block._modulate(self.block.img_norm1(hidden), mod1)[0]
 
 
 def write_tokenizer(comp: Node, config: dict, tokenizer_attrs, dest: Path) -> bool:
@@ -95,5 +116,6 @@ CLASSES = {
         split=SplitDecl(visual_inputs={"hidden_states": 1}, visual_outputs={"sample": 1},
                         sp_entries=("txt_in", "img_in"),
                         joint_prefixes=(),  # double-stream only: no linear sees the joint sequence
-                        processor=QwenSplitAttnProcessor)),
+                        processor=QwenSplitAttnProcessor),
+        probe=ProbeDecl(inputs=("hidden_states", "timestep"), build=QwenImageProbe)),
 }

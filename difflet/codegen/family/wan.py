@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from difflet.codegen.family.decl import ClassDecl
+from difflet.codegen.family.decl import ClassDecl, ProbeDecl
+from difflet.codegen.family.probe_feature import FeatureProbe
 from difflet.ir.nodes import Node, Op
 
 PIPELINE_CLASS = "WanPipeline"
@@ -58,7 +59,31 @@ def wrap_vae(model: torch.nn.Module, node: Node) -> torch.nn.Module:
     return WanChunkDecoder(model, node)
 
 
+class WanProbe(FeatureProbe):
+    """WanTransformer3DModel up to the first block's modulated self-attention input: patch
+    embedding, the condition embedder's timestep path (its text path feeds only cross-attention,
+    so the probe reads no text) and blocks[0]'s norm1 with scale_shift_table's shift and scale."""
+
+    def __init__(self, model: torch.nn.Module, feature_shape: tuple[int, ...], inputs: list[str]) -> None:
+        super().__init__(feature_shape, inputs, model.patch_embedding.weight.dtype)
+        cond = model.condition_embedder
+        self.patch_embedding, self.timesteps_proj = model.patch_embedding, cond.timesteps_proj
+        self.time_embedder, self.act_fn, self.time_proj = cond.time_embedder, cond.act_fn, cond.time_proj
+        self.block = model.blocks[0]
+
+    def feature(self, named: dict[str, torch.Tensor]) -> torch.Tensor:
+        hidden = self.patch_embedding(named["hidden_states"]).flatten(2).transpose(1, 2)
+        # WanTimeTextImageEmbedding's timestep path, as its forward casts it
+        proj = self.timesteps_proj(named["timestep"]).to(next(iter(self.time_embedder.parameters())).dtype)
+        temb = self.time_embedder(proj).type_as(hidden)
+        timestep_proj = self.time_proj(self.act_fn(temb)).unflatten(1, (6, -1))
+        shift, scale = (self.block.scale_shift_table + timestep_proj.float()).chunk(6, dim=1)[:2]
+        return (self.block.norm1(hidden.float()) * (1 + scale) + shift).type_as(hidden)
+
+
 CLASSES = {
+    "diffusers.WanTransformer3DModel": ClassDecl(
+        probe=ProbeDecl(inputs=("hidden_states", "timestep"), build=WanProbe)),
     "transformers.UMT5EncoderModel": ClassDecl(wrapper=wrap_umt5),
     "diffusers.AutoencoderKLWan": ClassDecl(wrapper=wrap_vae),
 }

@@ -257,7 +257,10 @@ def denoise(env: HostEnv, step: Node, state: RequestState) -> None:
         return torch.cat([gv.flatten(1), ga.flatten(1)], dim=1)
 
     flat = torch.cat([video.flatten(1), audio.flatten(1)], dim=1)
-    flat = cached_loop(env, state, scheduler, timesteps, flat, predict=predict)
+    # the probe watches the conditional pass's video tokens (its feature reads no text or audio)
+    flat = cached_loop(env, state, scheduler, timesteps, flat, predict=predict,
+                       probe_inputs=lambda x, t: dict(hidden_states=x[:, :split].reshape(video.shape),
+                                                      timestep=t.expand(1)))
     values["video_latents"] = flat[:, :split].reshape(video.shape)
     values["audio_latents"] = flat[:, split:].reshape(audio.shape)
 

@@ -126,7 +126,10 @@ def denoise(env: HostEnv, step: Node, state: RequestState) -> None:
     scheduler.set_begin_index(0)
     state.values["latents"] = cached_loop(
         env, state, scheduler, scheduler.timesteps, state.values["latents"],
-        predict=lambda x, t: predict_noise(env, name, state, x, t))
+        predict=lambda x, t: predict_noise(env, name, state, x, t),
+        # the conditional pass's inputs; the probe's feature reads no text, so either pass's is the same
+        probe_inputs=lambda x, t: dict(hidden_states=x, timestep=t.expand(x.shape[0]),
+                                       encoder_hidden_states=state.values["prompt_embeds"]))
 
 
 @host_step("wan.decode", phase="decode")
