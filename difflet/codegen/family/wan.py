@@ -9,12 +9,16 @@ Invariants:
   attends the zero-padded text unmasked, so its stock attention compiles as is.
 - A wrapper whose IR does not have its inputs (e.g. another family's UMT5) falls back to the
   generic ProgramModule.
+- Split WanTransformer3DModel: its IR input is the video latent, which the model patches itself,
+  so the visual stream is sharded inside the model where diffusers' own `_cp_plan` shards it
+  (blocks.0's input, the rope tables, proj_out's output), and the split attention is
+  family/wan_attention.py's. Text is replicated (with SP: a token shard of the text embedder).
 """
 from __future__ import annotations
 
 import torch
 
-from difflet.codegen.family.decl import ClassDecl
+from difflet.codegen.family.decl import ClassDecl, SplitDecl
 from difflet.ir.nodes import Node, Op
 
 PIPELINE_CLASS = "WanPipeline"
@@ -58,7 +62,21 @@ def wrap_vae(model: torch.nn.Module, node: Node) -> torch.nn.Module:
     return WanChunkDecoder(model, node)
 
 
+def _wan_split_processor(*args):
+    # imported when a split is built: it pulls in torch.distributed, which unsplit programs never need
+    from difflet.codegen.family.wan_attention import WanSplitAttnProcessor
+
+    return WanSplitAttnProcessor(*args)
+
+
 CLASSES = {
     "transformers.UMT5EncoderModel": ClassDecl(wrapper=wrap_umt5),
+    "diffusers.WanTransformer3DModel": ClassDecl(
+        split=SplitDecl(visual_inputs={}, visual_outputs={},  # a 5-d latent: sharded in the model
+                        sp_entries=("condition_embedder.text_embedder",),
+                        joint_prefixes=(),  # no joint sequence: self-attention and text cross-attention
+                        processor=_wan_split_processor,
+                        stream_entries={"blocks.0": 1}, stream_exits={"proj_out": 1},
+                        cp_tables={"rope": 1})),
     "diffusers.AutoencoderKLWan": ClassDecl(wrapper=wrap_vae),
 }
