@@ -9,8 +9,8 @@ self-attention via family/wan_attention's processor) from one random:0 checkpoin
 - wan2.1-tiny4 (4 heads): tp4, tp4+sp, tp2cp2, tp2cp2+sp and cp4 x {ulysses, ring, gather_kv}.
 They run EAGERLY (the rank modules without AOT compile, same code as the programs); one layout,
 wan2.1-tiny tp2cp2+sp ring (TP, SP, the tp all-reduced norms, CP ring, stream shards), is also
-compiled with AOTInductor through codegen and loaded as a SplitProgram (rank programs shared
-through the test store).
+compiled with AOTInductor through codegen (rank programs shared through the test store), loaded
+as a SplitProgram and served by ModelRunner against the TP1 video.
 
 Wan's denoiser has no runtime text bound: WanPipeline zero-pads the prompt embeddings after the
 prompt's token count, and the transformer's cross-attention attends them unmasked. So "valid text
@@ -158,28 +158,45 @@ def test_bf16_split_cosine_to_unsplit_bf16(sweep, wan):
 
 @pytest.fixture(scope="module")
 def compiled(wan, difflet_test_store, tmp_path_factory):
-    """COMPILED's rank programs (AOTInductor, through codegen and the shared store), loaded as a SplitProgram."""
+    """(ART of COMPILED, its planned transformer, its SplitProgram): codegen of the whole module, so
+    the encoder and VAE are the TP1 plan's world-1 programs (shared through the test store) and
+    only the denoiser's rank programs are AOTInductor-compiled for the split."""
     from difflet.codegen.artifacts import load_artifacts
     from difflet.codegen.driver import codegen
-    from difflet.ir.nodes import Module, Op
 
     model, parallel, attention = COMPILED
-    planned = _plan(model, parallel, attention)
-    # the denoiser alone: the encoder and VAE would compile too and are not under test
-    body = tuple(n for n in planned.body if n.op != Op.COMPONENT or n.name == "transformer")
-    module = Module(planned.name, planned.level, planned.attrs, body, planned.loc)
+    module = _plan(model, parallel, attention)
     out = tmp_path_factory.mktemp("wan-tiny-split")
     codegen(module, str(wan[model][0]), out, store=difflet_test_store, log=lambda *_: None)
     prog = load_artifacts(out).programs["transformer"]
-    yield module.component("transformer"), prog
+    yield out, module.component("transformer"), prog
     prog.close()
 
 
 def test_compiled_split_program_equals_unsplit_diffusers(compiled, wan):
-    node, prog = compiled
+    _, node, prog = compiled
     with torch.no_grad():
         got = [prog(*_inputs(node, v))[0] for v in VALID]
     _check(got, wan[COMPILED[0]][2], f"AOTI {' '.join(map(str, COMPILED))}")
+
+
+def test_split_video_equals_tp1_video(compiled, wan, difflet_test_store, tmp_path):
+    """The split ART served by ModelRunner (CFG: two split calls per step) gives the TP1 video."""
+    from difflet.codegen.driver import codegen
+    from difflet.runtime.runner import ModelRunner
+
+    request = dict(prompt="a red fox running through the snow", seed=7, steps=3)
+    codegen(_plan("tiny", "tp1", None), str(wan["tiny"][0]), tmp_path, store=difflet_test_store,
+            log=lambda *_: None)
+    states = []
+    for art in (tmp_path, compiled[0]):
+        with ModelRunner.from_artifacts(art) as runner:
+            states.append(runner._run(runner.resolve(**request))[0].values)
+    for key in ("latents", "decoded"):
+        err = (states[0][key] - states[1][key]).abs().max().item()
+        print(f"served {' '.join(map(str, COMPILED))} vs tp1 {key}: max abs {err:.2e}")
+        assert err <= TOL
+    assert states[0]["decoded"].std() > 0.01  # a constant video would make the comparison vacuous
 
 
 def test_padding_token_ids_change_nothing_through_the_split_denoiser(sweep, wan):
