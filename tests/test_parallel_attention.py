@@ -2,7 +2,8 @@
 
 Oracle: difflet.kernels.attention_ref.bounded_attention on the full, unsplit sequence with keys
 [all visual, text] and bounds [0, V + valid_text) (itself checked against dense masked SDPA in
-test_parallel_oracle.py). Each world size is launched once (module fixture); every rank runs every
+test_parallel_oracle.py); with no text stream (self-attention, Wan's attn1), bounded_attention
+over the visual keys alone. Each world size is launched once (module fixture); every rank runs every
 mode at every valid_text, plus a run with garbage in the padded text keys, and returns its outputs.
 """
 from __future__ import annotations
@@ -36,7 +37,7 @@ def _poison(t: torch.Tensor, valid: int) -> torch.Tensor:
 def _rank_body(rank: int, world: int, layout: dict):
     """Every mode x valid_text on this rank's slice of the shared inputs."""
     from difflet.parallel.groups import make_groups
-    from difflet.parallel.joint_attention import joint_attention
+    from difflet.parallel.joint_attention import joint_attention, self_attention
 
     groups = make_groups(layout)
     tp_i, cp_i = groups.index("tp"), groups.index("cp")
@@ -48,6 +49,7 @@ def _rank_body(rank: int, world: int, layout: dict):
     txt = [x[:, heads] for x in txt]
     out = {"heads": heads, "seq": seq}
     for mode in MODES:
+        out[mode, "self"] = self_attention(mode, *vis, groups.group("cp"))
         for n in VALID:
             valid = torch.tensor(n, dtype=torch.int64)
             out[mode, n] = joint_attention(mode, *vis, *txt, valid, groups.group("cp"))
@@ -134,3 +136,13 @@ def test_text_outputs_replicated(results, layout):
                     assert (a - b).abs().max().item() <= 4e-6
                 else:
                     assert torch.equal(a, b), (layout, mode, n)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("mode", MODES)
+def test_self_attention_without_text_equals_unsplit(results, layout, mode):
+    q, k, v = _inputs()[0]
+    ref = bounded_attention(q, k, v, torch.tensor(0), torch.tensor(V))
+    for r in results[layout]:
+        err = (r[mode, "self"] - ref[:, r["heads"], r["seq"]]).abs().max().item()
+        assert err <= TOL, (layout, mode, err)

@@ -4,7 +4,8 @@ Invariants:
 - The layout node is the only truth read: `split` nodes say which linears become which
   ParallelLinear (a column split whose output the layout all-gathers as `modulation` is
   column_gather; `segments` make a row split per segment), `attention` nodes give each site's
-  CP mode, attrs give tp/cp/sp and the local token counts.
+  CP mode, attrs give tp/cp/sp and the local token counts; an `all_reduce` of `sum_of_squares`
+  at a norm makes that RMSNorm a ParallelRMSNorm (q/k norms across heads after a column split).
 - Weights are sharded here, once, from the full checkpoint module: the returned module holds
   only this rank's shards, so its state dict is the rank's presharded weights.
 - The rank program takes the *full* IR inputs (identical on every rank) and returns the *full*
@@ -12,7 +13,8 @@ Invariants:
   communication) and all-gathers its output shard over tp (with SP) and then cp. So a split
   program has exactly the call convention of an unsplit one.
 - What the class contributes (visual inputs and outputs, SP entries, joint prefixes, the split
-  attention processor) is its family's `SplitDecl`; which classes are built at all is
+  attention processor, or in-model stream entries/exits and CP tables for a class that patches
+  its own input) is its family's `SplitDecl`; which classes are built at all is
   difflet/passes/built.py. Built: any tp, cp (ulysses|ring|gather_kv) and sp of those classes;
   cfg, dp and other classes raise DiffletError naming the component.
 """
@@ -28,7 +30,7 @@ from difflet.codegen.build import ProgramModule, build_program_module, program_i
 from difflet.codegen.family.decl import SplitDecl
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
-from difflet.parallel.layers import ParallelLinear, sp_shard
+from difflet.parallel.layers import ParallelLinear, ParallelRMSNorm, sp_shard
 
 
 def layout_of(node: Node) -> Node:
@@ -103,12 +105,64 @@ def apply_layout(model: torch.nn.Module, node: Node, groups) -> int:
                 lin, style, tp_group, tp_index, tp, segments=split.attrs.get("segments"), sp=sp,
                 token_segments=(text, vis) if joint else None))
             count += 1
+    _shard_norms(model, node, layout, tp_group, tp_index, tp)
     if sp:
         for name in facts.sp_entries:
             # the hook's return replaces the output: the stream becomes this rank's token shard
             model.get_submodule(name).register_forward_hook(lambda _m, _i, out: sp_shard(out, tp_group))
+    _install_stream_hooks(model, facts, cp_group, tp_group if sp else None)
     _install_split_attention(model, node, layout, cp_group, text)
     return count
+
+
+def _shard_norms(model, node: Node, layout: Node, tp_group, tp_index: int, tp: int) -> int:
+    """RMSNorms whose sum of squares the layout all-reduces over tp -> ParallelRMSNorm shards."""
+    sites = [c for c in layout.find(Op.COLLECTIVE)
+             if c.attrs.get("kind") == "all_reduce" and c.attrs.get("tensor") == "sum_of_squares"]
+    modules = dict(model.named_modules())
+    count = 0
+    for site in sites:
+        names = [n for n in modules if fnmatch.fnmatchcase(n, site.attrs["site"])]
+        for name in names:
+            if not isinstance(modules[name], torch.nn.RMSNorm):
+                raise DiffletError(f"norm {site.attrs['site']!r}: {name} is a {type(modules[name]).__name__}, "
+                                   "not an RMSNorm", where=site.loc)
+            _set_module(model, name, ParallelRMSNorm.from_norm(modules[name], tp_group, tp_index, tp))
+            count += 1
+        if not names:
+            raise DiffletError(f"norm {site.attrs['site']!r} matches no module of {node.attrs['class']}",
+                               where=site.loc)
+    return count
+
+
+def _cut(x: torch.Tensor, dim: int, group) -> torch.Tensor:
+    from difflet.parallel import comm
+    from difflet.parallel.linears import shard
+
+    n = comm.size(group)
+    return x if n == 1 else shard(x, dim, comm.rank(group), n)
+
+
+def _install_stream_hooks(model, facts: SplitDecl, cp_group, sp_group) -> None:
+    """The in-model visual shard points of SplitDecl (stream_entries, stream_exits, cp_tables)."""
+    from difflet.parallel import comm
+
+    def enter(dim):  # CP chunk first, then (SP) the TP chunk of it: RankProgramModule's order
+        return lambda _m, args: (_cut(_cut(args[0], dim, cp_group), dim, sp_group), *args[1:])
+
+    def leave(dim):
+        return lambda _m, _i, out: comm.all_gather(comm.all_gather(out, dim, sp_group), dim, cp_group)
+
+    def table(dim):
+        return lambda _m, _i, out: tuple(_cut(t, dim, cp_group) for t in out) if isinstance(out, tuple) \
+            else _cut(out, dim, cp_group)
+
+    for name, dim in facts.stream_entries.items():
+        model.get_submodule(name).register_forward_pre_hook(enter(dim))
+    for name, dim in facts.stream_exits.items():
+        model.get_submodule(name).register_forward_hook(leave(dim))
+    for name, dim in facts.cp_tables.items():
+        model.get_submodule(name).register_forward_hook(table(dim))
 
 
 def _install_split_attention(model, node: Node, layout: Node, cp_group, text_len: int) -> None:

@@ -23,6 +23,8 @@ Modes:
              rounding only (each rank merges the shards in a different order).
 - gather_kv: all-gather visual K/V, local queries vs [all visual, text]. Text outputs bitwise
              identical across ranks.
+Self-attention (no text stream, e.g. Wan's attn1): pass q/k/v_txt = None and valid_text =
+None; every mode then attends the visual keys alone and returns (out_vis, None).
 `report`, if given, receives `kv_bytes`: the most K/V bytes the mode holds at once for its
 kernel calls, i.e. the K/V operands of a call plus a ring's in-flight receive block (measured
 from the tensors, for bench/parallel.py). Collective receive buffers are dropped once copied
@@ -48,9 +50,15 @@ def _note(report: dict | None, nbytes: int) -> None:
         report["kv_bytes"] = max(report.get("kv_bytes", 0), nbytes)
 
 
-def _bounds(valid: torch.Tensor, offset: int, like: torch.Tensor):
+def _bounds(valid: torch.Tensor | None, offset: int, like: torch.Tensor):
     lo = torch.zeros((), dtype=torch.int64, device=like.device)
+    if valid is None:  # no text stream: every key up to offset is valid
+        return lo, torch.full((), offset, dtype=torch.int64, device=like.device)
     return lo, valid.to(device=like.device, dtype=torch.int64).reshape(()) + offset
+
+
+def _cat(vis: torch.Tensor, txt: torch.Tensor | None) -> torch.Tensor:
+    return vis if txt is None else torch.cat([vis, txt], dim=2)
 
 
 def ulysses(q_vis, k_vis, v_vis, q_txt, k_txt, v_txt, valid_text, group, report=None):
@@ -64,10 +72,12 @@ def ulysses(q_vis, k_vis, v_vis, q_txt, k_txt, v_txt, valid_text, group, report=
     qkv = torch.stack([q_vis, k_vis, v_vis]).reshape(3, b, n, hc, vl, d).permute(2, 0, 1, 3, 4, 5)
     got = comm.all_to_all(qkv, group)  # [n(src seq shard), 3, B, hc, Vl, D]
     q, k, v = got.permute(1, 2, 3, 0, 4, 5).reshape(3, b, hc, n * vl, d).unbind(0)
-    heads = slice(r * hc, (r + 1) * hc)  # text is replicated: keep one copy, this rank's heads
-    q = torch.cat([q, q_txt[:, heads]], dim=2)
-    k = torch.cat([k, k_txt[:, heads]], dim=2)
-    v = torch.cat([v, v_txt[:, heads]], dim=2)
+    text = q_txt is not None
+    if text:
+        heads = slice(r * hc, (r + 1) * hc)  # text is replicated: keep one copy, this rank's heads
+        q = torch.cat([q, q_txt[:, heads]], dim=2)
+        k = torch.cat([k, k_txt[:, heads]], dim=2)
+        v = torch.cat([v, v_txt[:, heads]], dim=2)
     del got  # the receive buffer is copied into q/k/v: release it before attention
     _note(report, _nbytes(k, v))
     lo, hi = _bounds(valid_text, n * vl, q)
@@ -75,7 +85,7 @@ def ulysses(q_vis, k_vis, v_vis, q_txt, k_txt, v_txt, valid_text, group, report=
     vis = out[:, :, : n * vl].reshape(b, hc, n, vl, d).permute(2, 0, 1, 3, 4)
     vis = comm.all_to_all(vis, group)  # [n(src head chunk), B, hc, Vl, D]
     out_vis = vis.permute(1, 0, 2, 3, 4).reshape(b, h, vl, d)
-    out_txt = comm.all_gather(out[:, :, n * vl:], 1, group)
+    out_txt = comm.all_gather(out[:, :, n * vl:], 1, group) if text else None
     return out_vis, out_txt
 
 
@@ -83,18 +93,21 @@ def ring(q_vis, k_vis, v_vis, q_txt, k_txt, v_txt, valid_text, group, report=Non
     """Joint attention with local queries and circulating visual K/V (see module docstring)."""
     n = comm.size(group)
     vl = q_vis.shape[2]
-    q = torch.cat([q_vis, q_txt], dim=2)
-    lo, hi = _bounds(valid_text, 0, q)
-    run = bounded_attention(q, k_txt, v_txt, lo, hi, return_stats=True)
+    q = _cat(q_vis, q_txt)
+    run = None
+    if q_txt is not None:
+        run = bounded_attention(q, k_txt, v_txt, *_bounds(valid_text, 0, q), return_stats=True)
     kv = torch.stack([k_vis, v_vis])  # one rotation moves both
-    full = _bounds(torch.zeros((), dtype=torch.int64), vl, q)  # every visual key is valid
+    full = _bounds(None, vl, q)  # every visual key is valid
+    text_bytes = 0 if k_txt is None else _nbytes(k_txt, v_txt)
     for step in range(n):
         nxt = comm.rotate(kv, group) if step + 1 < n else None  # in flight while we compute
-        _note(report, _nbytes(k_txt, v_txt, kv) + (_nbytes(kv) if nxt is not None else 0))
-        run = merge_partials([run, bounded_attention(q, kv[0], kv[1], *full, return_stats=True)])
+        _note(report, text_bytes + _nbytes(kv) + (_nbytes(kv) if nxt is not None else 0))
+        part = bounded_attention(q, kv[0], kv[1], *full, return_stats=True)
+        run = part if run is None else merge_partials([run, part])
         kv = comm.wait(nxt) if nxt is not None else None
     out = run[0].to(q.dtype)
-    return out[:, :, :vl], out[:, :, vl:]
+    return out[:, :, :vl], (out[:, :, vl:] if q_txt is not None else None)
 
 
 def gather_kv(q_vis, k_vis, v_vis, q_txt, k_txt, v_txt, valid_text, group, report=None):
@@ -102,14 +115,13 @@ def gather_kv(q_vis, k_vis, v_vis, q_txt, k_txt, v_txt, valid_text, group, repor
     vl = q_vis.shape[2]
     kv = comm.all_gather(torch.stack([k_vis, v_vis]), 3, group)  # [2, B, H, V, D]
     n_vis = kv.shape[3]
-    k = torch.cat([kv[0], k_txt], dim=2)
-    v = torch.cat([kv[1], v_txt], dim=2)
+    k, v = _cat(kv[0], k_txt), _cat(kv[1], v_txt)
     del kv  # copied into k/v: release the receive buffer before attention
     _note(report, _nbytes(k, v))
-    q = torch.cat([q_vis, q_txt], dim=2)
-    lo, hi = _bounds(valid_text, n_vis, q)
+    q = _cat(q_vis, q_txt)
+    lo, hi = _bounds(valid_text if q_txt is not None else None, n_vis, q)
     out = bounded_attention(q, k, v, lo, hi)
-    return out[:, :, :vl], out[:, :, vl:]
+    return out[:, :, :vl], (out[:, :, vl:] if q_txt is not None else None)
 
 
 _IMPL = {"ulysses": ulysses, "ring": ring, "gather_kv": gather_kv}
@@ -121,3 +133,10 @@ def joint_attention(mode: str, q_vis, k_vis, v_vis, q_txt, k_txt, v_txt, valid_t
     if mode not in _IMPL:
         raise ValueError(f"unknown joint attention mode {mode!r}; expected one of {MODES}")
     return _IMPL[mode](q_vis, k_vis, v_vis, q_txt, k_txt, v_txt, valid_text, group, report)
+
+
+def self_attention(mode: str, q, k, v, group, report: dict | None = None) -> torch.Tensor:
+    """Attention of this rank's visual queries over the whole CP-sharded visual sequence (no
+    text); mode "local" (no CP group) is plain attention over the local keys."""
+    mode = "gather_kv" if mode == "local" else mode  # a size-1 group: gather_kv is the identity
+    return joint_attention(mode, q, k, v, None, None, None, None, group, report)[0]

@@ -1,4 +1,5 @@
-"""`ParallelLinear`: one rank's shard of an nn.Linear (column, row, column_gather), as a module.
+"""`ParallelLinear`: one rank's shard of an nn.Linear (column, row, column_gather), as a module;
+`ParallelRMSNorm`: an RMS norm over features that a column linear left sharded over tp.
 
 Invariants:
 - Built from the full Linear once (`from_linear`), holding only this rank's presharded weight:
@@ -14,6 +15,9 @@ Invariants:
   part (a joint [text, visual] sequence is sharded per stream). A column linear all-gathers
   tokens before its matmul and restores the segment-major order; a row linear reorders to
   rank-major before its reduce-scatter, so each rank gets back exactly its shards.
+- ParallelRMSNorm normalizes this rank's contiguous feature shard by the RMS over ALL features:
+  the sum of squares is all-reduced over tp (q/k norms "across heads" after a column split);
+  its weight is the same shard of the norm's weight. It computes in float32 like torch's norm.
 """
 from __future__ import annotations
 
@@ -107,3 +111,30 @@ class ParallelLinear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.style}, weight={tuple(self.weight.shape)}, sp={self.sp}"
+
+
+class ParallelRMSNorm(torch.nn.Module):
+    """This rank's feature shard of an nn.RMSNorm over the last dim (see module docstring)."""
+
+    def __init__(self, weight: torch.Tensor | None, eps: float | None, full_dim: int, group) -> None:
+        super().__init__()
+        self.weight = None if weight is None else torch.nn.Parameter(weight, requires_grad=False)
+        self.eps, self.full_dim, self.group = eps, full_dim, group
+
+    @classmethod
+    def from_norm(cls, norm: torch.nn.RMSNorm, group, index: int, parts: int) -> "ParallelRMSNorm":
+        shape = tuple(norm.normalized_shape)
+        if len(shape) != 1:
+            raise ValueError(f"ParallelRMSNorm shards one feature dim, not normalized_shape {shape}")
+        w = None if norm.weight is None else shard(norm.weight.detach(), 0, index, parts).clone()
+        return cls(w, norm.eps, shape[0], group)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        squares = comm.all_reduce(x32.pow(2).sum(-1, keepdim=True), self.group)  # over every feature
+        eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
+        out = x32 * torch.rsqrt(squares / self.full_dim + eps)
+        return (out if self.weight is None else out * self.weight.float()).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"full_dim={self.full_dim}, local={None if self.weight is None else tuple(self.weight.shape)}"

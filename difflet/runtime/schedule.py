@@ -81,7 +81,8 @@ class HostEnv:
         if self.gate is not None and self.gate.batched(component):
             return self.gate.call(component, values)
         program = self.programs[component]
-        with self._locks.setdefault(id(program), threading.Lock()):  # a program swapped in later too
+        # a program set after construction (a test's call-counting wrapper) gets its lock here
+        with self._locks.setdefault(id(program), threading.Lock()):
             return invoke(self.component(component), program, values)
 
     def asset(self, key: str, load: Callable[[], Any]) -> Any:

@@ -11,7 +11,7 @@ Invariants:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 
@@ -24,6 +24,15 @@ class SplitDecl:
     becomes an SP token shard; joint_prefixes: module prefixes whose linears see the joint
     [text, visual] sequence; processor(text_len, text_first, mode, group): the split attention
     processor installed at every layout attention site.
+
+    A class whose IR visual input is not a token sequence (a video latent that the model patches
+    itself) shards inside the model instead, as diffusers' own `_cp_plan` does; then
+    visual_inputs/outputs are empty and: stream_entries: module path -> token dim of its first
+    positional input, the full visual stream, which becomes this rank's shard (its CP chunk,
+    then with SP its TP chunk of that); stream_exits: module path -> token dim of its output, this
+    rank's shard, gathered back to every token (TP with SP, then CP); cp_tables: module path ->
+    token dim of its per-visual-token output tables read inside attention after the SP gather
+    (RoPE), cut to this rank's CP chunk.
     """
 
     visual_inputs: Mapping[str, int]
@@ -31,6 +40,9 @@ class SplitDecl:
     sp_entries: tuple[str, ...]
     joint_prefixes: tuple[str, ...]
     processor: Callable[..., Any]
+    stream_entries: Mapping[str, int] = field(default_factory=dict)
+    stream_exits: Mapping[str, int] = field(default_factory=dict)
+    cp_tables: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

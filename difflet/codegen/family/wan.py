@@ -9,12 +9,16 @@ Invariants:
   attends the zero-padded text unmasked, so its stock attention compiles as is.
 - A wrapper whose IR does not have its inputs (e.g. another family's UMT5) falls back to the
   generic ProgramModule.
+- Split WanTransformer3DModel: its IR input is the video latent, which the model patches itself,
+  so the visual stream is sharded inside the model where diffusers' own `_cp_plan` shards it
+  (blocks.0's input, the rope tables, proj_out's output), and the split attention is
+  family/wan_attention.py's. Text is replicated (with SP: a token shard of the text embedder).
 """
 from __future__ import annotations
 
 import torch
 
-from difflet.codegen.family.decl import ClassDecl, ProbeDecl
+from difflet.codegen.family.decl import ClassDecl, ProbeDecl, SplitDecl
 from difflet.codegen.family.probe_feature import FeatureProbe
 from difflet.ir.nodes import Node, Op
 
@@ -81,8 +85,21 @@ class WanProbe(FeatureProbe):
         return (self.block.norm1(hidden.float()) * (1 + scale) + shift).type_as(hidden)
 
 
+def _wan_split_processor(*args):
+    # imported when a split is built: it pulls in torch.distributed, which unsplit programs never need
+    from difflet.codegen.family.wan_attention import WanSplitAttnProcessor
+
+    return WanSplitAttnProcessor(*args)
+
+
 CLASSES = {
     "diffusers.WanTransformer3DModel": ClassDecl(
+        split=SplitDecl(visual_inputs={}, visual_outputs={},  # a 5-d latent: sharded in the model
+                        sp_entries=("condition_embedder.text_embedder",),
+                        joint_prefixes=(),  # no joint sequence: self-attention and text cross-attention
+                        processor=_wan_split_processor,
+                        stream_entries={"blocks.0": 1}, stream_exits={"proj_out": 1},
+                        cp_tables={"rope": 1}),
         probe=ProbeDecl(inputs=("hidden_states", "timestep"), build=WanProbe)),
     "transformers.UMT5EncoderModel": ClassDecl(wrapper=wrap_umt5),
     "diffusers.AutoencoderKLWan": ClassDecl(wrapper=wrap_vae),
