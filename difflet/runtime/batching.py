@@ -118,7 +118,7 @@ class BatchGate:
 
     def wait_pending(self, n: int, timeout: float | None = None) -> bool:
         """Block until `n` calls are pending (True) or `timeout` passes (False): lets a holder
-        that entered `member()` without calling release a known batch (warm-up, tests)."""
+        that entered `member()` without calling release a known batch (tests)."""
         with self._cond:
             return self._cond.wait_for(lambda: len(self._pending) >= n, timeout)
 
