@@ -73,3 +73,21 @@ def compile_art(module, ckpt, out: Path) -> Path:
 
     codegen(module, str(ckpt), out, store=shared_store_dir(), log=lambda *_: None)
     return out
+
+
+def check_split_outputs(got: list, oracle: dict, valid: list, tol: float, what: str,
+                        length: str = "valid_text") -> float:
+    """Split outputs, one per text length in `valid`, against the unsplit oracle's: max abs error
+    <= tol at each, and changing the length must move the output far more (> 100x) than the
+    split error does, so the check cannot pass on outputs that ignore the length. Returns the
+    max error."""
+    err = 0.0
+    for v, out in zip(valid, got):
+        e = (out - oracle[v]).abs().max().item()
+        assert e <= tol, f"{what} {length}={v}: max abs {e:.2e}"
+        err = max(err, e)
+    moved = min((got[i] - got[-1]).abs().max().item() for i in range(len(valid) - 1))
+    print(f"{what}: split error {err:.2e}, {length} moves output >= {moved:.2e} "
+          f"(ratio {moved / max(err, 1e-12):.1e})")
+    assert moved > 100 * max(err, 1e-7)
+    return err

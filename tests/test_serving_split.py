@@ -84,6 +84,11 @@ def _rank_workers(model_pid: int) -> list[int]:
     return sorted(pid for pid, ppid in group.items() if ppid != model_pid)
 
 
+def _all_exit(pids: set[int], what: str) -> None:
+    for pid in pids:
+        assert wait_exit(pid, 60), f"pid {pid} {what}"
+
+
 def _serve_once(art: Path) -> bytes:
     proc, address = start_server(art)
     try:
@@ -109,16 +114,14 @@ def test_tp2_artifact_serves_the_tp1_image_and_leaves_no_rank_worker(arts):
             watch.wait_for(["NOT_SERVING", "SERVING"])
         finally:
             watch.close()
-        for pid in recorded:
-            assert wait_exit(pid, 60), f"pid {pid} of the killed model process's group survived"
+        _all_exit(recorded, "of the killed model process's group survived")
         second = client.generate(address, **REQUEST, timeout=300)
         assert second.model_pid != first.model_pid and second.png == first.png
         assert len(_rank_workers(second.model_pid)) == 2
         recorded |= {second.model_pid, *_group(second.model_pid)}
     finally:
         assert stop_server(proc) == 0
-    for pid in recorded:
-        assert wait_exit(pid, 60), f"pid {pid} outlived difflet-runtime"
+    _all_exit(recorded, "outlived difflet-runtime")
 
     split = _pixels(first.png)
     assert reference.shape == split.shape == (32, 32, 3)
@@ -155,8 +158,7 @@ def test_sigkill_of_one_rank_worker_mid_request_is_a_clear_error_and_the_replica
             watch.wait_for(["NOT_SERVING", "SERVING"])
         finally:
             watch.close()
-        for pid in recorded:
-            assert wait_exit(pid, 60), f"pid {pid} of the broken model process's group survived"
+        _all_exit(recorded, "of the broken model process's group survived")
         after = client.generate(address, **REQUEST, timeout=300)
         assert after.model_pid != before.model_pid and after.png == before.png
         processes = client.get_profile(address, timeout=30).serving.processes
@@ -164,5 +166,4 @@ def test_sigkill_of_one_rank_worker_mid_request_is_a_clear_error_and_the_replica
         recorded |= {after.model_pid, *_group(after.model_pid)}
     finally:
         assert stop_server(proc) == 0
-    for pid in recorded:
-        assert wait_exit(pid, 60), f"pid {pid} outlived difflet-runtime"
+    _all_exit(recorded, "outlived difflet-runtime")

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from difflet.parallel.launch import run_ranks
+from oracle_util import check_split_outputs
 
 QWEN_TINY = Path(__file__).resolve().parent.parent / "models" / "qwen-image-tiny.dsl"
 T = 16
@@ -105,16 +106,7 @@ def sweep(qwen):
 
 
 def _check(got, oracle, what):
-    """Max abs error vs the oracle over VALID (asserted <= TOL) and the valid-length movement."""
-    err = 0.0
-    for v, out in zip(VALID, got):
-        e = (out - oracle[v]).abs().max().item()
-        assert e <= TOL, f"{what} valid_text={v}: max abs {e:.2e}"
-        err = max(err, e)
-    moved = min((got[i] - got[-1]).abs().max().item() for i in range(len(VALID) - 1))
-    print(f"{what}: split error {err:.2e}, valid_text moves output >= {moved:.2e} "
-          f"(ratio {moved / max(err, 1e-12):.1e})")
-    assert moved > 100 * max(err, 1e-7)
+    return check_split_outputs(got, oracle, VALID, TOL, what, "valid_text")
 
 
 @pytest.mark.parametrize("parallel,attention", TWO + FOUR)

@@ -26,6 +26,7 @@ import pytest
 import torch
 
 from difflet.parallel.launch import run_ranks
+from oracle_util import check_split_outputs
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 DSL = {"tiny": MODELS / "wan2.1-tiny.dsl", "tiny4": MODELS / "wan2.1-tiny4.dsl"}
@@ -110,17 +111,7 @@ def sweep(wan):
 
 
 def _check(got, oracle, what):
-    """Max abs error vs the oracle over VALID (asserted <= TOL) and the prompt-length movement."""
-    err = 0.0
-    for v, out in zip(VALID, got):
-        e = (out - oracle[v]).abs().max().item()
-        assert e <= TOL, f"{what} prompt length {v}: max abs {e:.2e}"
-        err = max(err, e)
-    moved = min((got[i] - got[-1]).abs().max().item() for i in range(len(VALID) - 1))
-    print(f"{what}: split error {err:.2e}, prompt length moves output >= {moved:.2e} "
-          f"(ratio {moved / max(err, 1e-12):.1e})")
-    assert moved > 100 * max(err, 1e-7)
-    return err
+    return check_split_outputs(got, oracle, VALID, TOL, what, "prompt length")
 
 
 @pytest.mark.parametrize("model,parallel,attention", TWO + FOUR)

@@ -88,9 +88,6 @@ class BatchGate:
                 ready = self._take()
             self._execute(ready)
 
-    def row_names(self, component: str) -> set[str]:
-        return self._rows[component]
-
     def batched(self, component: str) -> bool:
         return component in self.variants and getattr(self._local, "member", False)
 
@@ -156,26 +153,30 @@ class BatchGate:
                 groups.append([c])
         return groups
 
+    def run_rows(self, component: str, calls: list[dict[str, Any]]) -> list[dict[str, torch.Tensor]]:
+        """One program call of the compiled batch size len(calls): per-row inputs concatenated,
+        shared ones taken from the first call; each call's own rows of the outputs back."""
+        variant, rows = self.variants[component][len(calls)], self._rows[component]
+        values = {k: (torch.cat([torch.as_tensor(c[k]) for c in calls]) if k in rows else v)
+                  for k, v in calls[0].items()}
+        with variant.lock:
+            out = invoke(variant.node, variant.program, values)
+        return [{k: (t[i:i + 1] if k in rows else t) for k, t in out.items()} for i in range(len(calls))]
+
     def _run_group(self, group: list[_Call]) -> None:
-        variants, rows = self.variants[group[0].component], self._rows[group[0].component]
-        sizes = sorted(variants, reverse=True)
+        sizes = sorted(self.variants[group[0].component], reverse=True)
         while group:
             size = next(s for s in sizes if s <= len(group))
             chunk, group = group[:size], group[size:]
-            variant = variants[size]
-            values = {k: (torch.cat([torch.as_tensor(c.values[k]) for c in chunk]) if k in rows else v)
-                      for k, v in chunk[0].values.items()}
             try:
-                with variant.lock:
-                    out = invoke(variant.node, variant.program, values)
+                results = self.run_rows(chunk[0].component, [c.values for c in chunk])
             except BaseException as err:  # every caller of the chunk sees the program's error
                 for c in chunk:
                     c.error, c.done = err, True
                 continue
             self.calls_by_rows[size] = self.calls_by_rows.get(size, 0) + 1
-            for i, c in enumerate(chunk):
-                c.result = {k: (t[i:i + 1] if k in rows else t) for k, t in out.items()}
-                c.rows, c.done = size, True
+            for c, result in zip(chunk, results):
+                c.result, c.rows, c.done = result, size, True
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -243,21 +243,13 @@ def _warm_up_batches(env: HostEnv) -> None:
     must be finite (raises RuntimeError otherwise)."""
     import torch
 
-    from difflet.runtime.invoke import invoke
-
     gate = env.gate
     for name, per in gate.variants.items():
         values = gate.record.get(name)
         if values is None:
             raise RuntimeError(f"warm-up: the schedule never called batched component {name!r}")
-        rows = gate.row_names(name)
-        for batch, variant in sorted(per.items()):
-            if batch == 1:
-                continue
-            batched = {k: (torch.cat([torch.as_tensor(v)] * batch) if k in rows else v)
-                       for k, v in values.items()}
-            with variant.lock:
-                out = invoke(variant.node, variant.program, batched)
-            if not all(bool(torch.isfinite(t).all()) for t in out.values() if t.is_floating_point()):
+        for batch in sorted(b for b in per if b != 1):
+            rows = gate.run_rows(name, [values] * batch)
+            if not all(bool(torch.isfinite(t).all()) for r in rows for t in r.values() if t.is_floating_point()):
                 raise RuntimeError(f"warm-up: {name} at batch size {batch} gave non-finite output")
     gate.record = None
