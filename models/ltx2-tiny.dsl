@@ -78,6 +78,15 @@ denoiser transformer = diffusers.LTX2VideoTransformer3DModel from "transformer" 
     input audio_coords:                float32[1, 1, audio, 2]
     output sample:       dtype[1, ((frames - 1) / 2 + 1) * (height / 8) * (width / 8), 4] select 0
     output audio_sample: dtype[1, audio, 4] select 1
+
+    # planning facts (heads, streams), as in ltx2.dsl: registers leave no text padding, so the
+    # tp1 program keeps diffusers' attention; split programs run family/ltx2_attention.py
+    attention "transformer_blocks.*.attn1": self heads 2 head_dim 16 order (visual) text_mask false
+    attention "transformer_blocks.*.audio_attn1": self heads 2 head_dim 8 order (audio) text_mask false
+    attention "transformer_blocks.*.attn2": cross heads 2 head_dim 16 order (visual, text) text_mask false
+    attention "transformer_blocks.*.audio_attn2": cross heads 2 head_dim 8 order (audio, text) text_mask false
+    attention "transformer_blocks.*.audio_to_video_attn": cross heads 2 head_dim 8 order (visual, audio) text_mask false
+    attention "transformer_blocks.*.video_to_audio_attn": cross heads 2 head_dim 8 order (audio, visual) text_mask false
 }
 
 decoder vae = diffusers.AutoencoderKLLTX2Video from "vae" {

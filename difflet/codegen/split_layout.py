@@ -27,6 +27,7 @@ import torch
 
 from difflet.codegen.attention import install_attention
 from difflet.codegen.build import ProgramModule, build_program_module, program_inputs
+from difflet.codegen.family import declaration
 from difflet.codegen.family.decl import SplitDecl
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
@@ -111,6 +112,7 @@ def apply_layout(model: torch.nn.Module, node: Node, groups) -> int:
             # the hook's return replaces the output: the stream becomes this rank's token shard
             model.get_submodule(name).register_forward_hook(lambda _m, _i, out: sp_shard(out, tp_group))
     _install_stream_hooks(model, facts, cp_group, tp_group if sp else None)
+    _install_head_tables(model, facts, tp_group)
     _install_split_attention(model, node, layout, cp_group, text)
     return count
 
@@ -165,6 +167,16 @@ def _install_stream_hooks(model, facts: SplitDecl, cp_group, sp_group) -> None:
         model.get_submodule(name).register_forward_hook(table(dim))
 
 
+def _install_head_tables(model, facts: SplitDecl, tp_group) -> None:
+    """SplitDecl.head_tables: per-head RoPE tables cut to this rank's contiguous TP shard of heads."""
+    def heads(dim):
+        return lambda _m, _i, out: tuple(_cut(t, dim, tp_group) for t in out) if isinstance(out, tuple) \
+            else _cut(out, dim, tp_group)
+
+    for name, dim in facts.head_tables.items():
+        model.get_submodule(name).register_forward_hook(heads(dim))
+
+
 def _install_split_attention(model, node: Node, layout: Node, cp_group, text_len: int) -> None:
     install_attention(model, node)  # validates sites, heads and order against the model
     orders = {a.name: tuple(a.attrs.get("order", ("text", "visual"))) for a in node.find(Op.ATTENTION)}
@@ -191,6 +203,10 @@ class RankProgramModule(ProgramModule):
         self.cp, self.cp_index = cp, groups.index("cp") if cp > 1 else 0
         self.visual_in = [facts.visual_inputs.get(v.name) for v in program_inputs(node)]
         self.visual_out = [facts.visual_outputs.get(n.name) for n in node.find(Op.OUTPUT)]
+        self.sp_out = [facts.sp_outputs.get(n.name) for n in node.find(Op.OUTPUT)]
+        wrap = declaration(node.attrs["class"]).wrapper
+        # the class's own calling convention (a bound method, so no second copy of the weights)
+        self.call = wrap(model, node).forward if wrap is not None else super().forward
 
     def forward(self, *inputs):
         from difflet.parallel import comm
@@ -198,12 +214,14 @@ class RankProgramModule(ProgramModule):
 
         inputs = tuple(x if d is None or self.cp == 1 else shard(x, d, self.cp_index, self.cp)
                        for x, d in zip(inputs, self.visual_in))
-        outs = super().forward(*inputs)
+        outs = self.call(*inputs)
         gathered = []
-        for y, d in zip(outs, self.visual_out):
+        for y, d, s in zip(outs, self.visual_out, self.sp_out):
             if d is not None:
                 y = comm.all_gather(y, d, self.tp_group) if self.sp else y
                 y = comm.all_gather(y, d, self.cp_group)
+            elif s is not None and self.sp:  # a stream CP replicates: only the SP shard is gathered
+                y = comm.all_gather(y, s, self.tp_group)
             gathered.append(y)
         return tuple(gathered)
 
@@ -219,6 +237,9 @@ def build_rank_module(node: Node, ckpt_dir: str | os.PathLike, groups) -> Progra
         return build_program_module(node, ckpt_dir)
     from difflet.codegen.checkpoint import load_component
 
+    from difflet.codegen.rope import install_fp32_rope
+
     model = load_component(node, ckpt_dir)
     apply_layout(model, node, groups)
+    install_fp32_rope(model)  # the world-1 program's RoPE tables (wrap_program_module does the same)
     return RankProgramModule(model, node, groups).eval()

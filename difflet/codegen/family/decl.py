@@ -33,6 +33,11 @@ class SplitDecl:
     rank's shard, gathered back to every token (TP with SP, then CP); cp_tables: module path ->
     token dim of its per-visual-token output tables read inside attention after the SP gather
     (RoPE), cut to this rank's CP chunk.
+
+    A class with a second token stream that CP leaves replicated (LTX-2's audio) declares:
+    sp_outputs: IR output name -> token dim of that stream's output (with SP this rank's TP token
+    shard, gathered over tp only; never over cp); head_tables: module path -> head dim of its
+    per-head output tables (split RoPE [B, H, T, r]), cut to this rank's TP shard of heads.
     """
 
     visual_inputs: Mapping[str, int]
@@ -43,6 +48,8 @@ class SplitDecl:
     stream_entries: Mapping[str, int] = field(default_factory=dict)
     stream_exits: Mapping[str, int] = field(default_factory=dict)
     cp_tables: Mapping[str, int] = field(default_factory=dict)
+    sp_outputs: Mapping[str, int] = field(default_factory=dict)
+    head_tables: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,16 @@ Invariants:
   float64 path (a float32 `pow` would be ~4 ulp off, enough to flip uint8 pixels of the video).
 - Latent (de)normalization uses the VAEs' `latents_mean`/`latents_std` buffers, which live in the
   weights, so it runs inside the decoder programs, never on the host.
+- Split LTX2VideoTransformer3DModel (TransformerProgram's calling convention on every rank): CP
+  shards the video stream only (IR inputs hidden_states and video_coords, output sample); audio
+  and both texts stay replicated over cp, every block linear of both streams is TP-split by
+  heads, and with SP every stream (audio and text too) is token-sharded over tp. Why audio is not
+  CP-sharded (shared/models.md, 512x768x121): 126 audio tokens of width 2048 against 6,144 video
+  tokens of 4096, so audio is ~0.5% of a block's linear FLOPs (126*2048^2 / 6144*4096^2) and its
+  replicated compute costs less than any exchange a sharded audio self-attention would need. Hence
+  (family/ltx2_attention.py) video self-attention runs the planned CP mode, the text and
+  video->audio key sites are local, and the audio-queries/video-keys site (video_to_audio_attn)
+  gathers the video K/V (the planner's `gather_kv` for replicated queries).
 """
 from __future__ import annotations
 
@@ -27,7 +37,7 @@ import math
 import torch
 from torch.overrides import TorchFunctionMode
 
-from difflet.codegen.family.decl import ClassDecl, ProbeDecl
+from difflet.codegen.family.decl import ClassDecl, ProbeDecl, SplitDecl
 from difflet.codegen.family.probe_feature import FeatureProbe
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
@@ -271,12 +281,27 @@ def write_tokenizer(comp: Node, config: dict, tokenizer_attrs, dest: Path) -> bo
     return True
 
 
+def _ltx2_split_processor(*args):
+    # imported when a split is built: it pulls in torch.distributed, which unsplit programs never need
+    from difflet.codegen.family.ltx2_attention import LTX2SplitAttnProcessor
+
+    return LTX2SplitAttnProcessor(*args)
+
+
+TRANSFORMER_SPLIT = SplitDecl(
+    visual_inputs={"hidden_states": 1, "video_coords": 2}, visual_outputs={"sample": 1},
+    sp_entries=("proj_in", "audio_proj_in", "caption_projection", "audio_caption_projection"),
+    joint_prefixes=(),  # no joint sequence: every site is self- or cross-attention
+    processor=_ltx2_split_processor, sp_outputs={"audio_sample": 1},
+    head_tables={"rope": 1, "audio_rope": 1, "cross_attn_rope": 1, "cross_attn_audio_rope": 1})
+
 CLASSES = {
     "transformers.Gemma3ForConditionalGeneration": ClassDecl(wrapper=GemmaStackedHidden,
                                                              write_tokenizer=write_tokenizer),
     "diffusers.pipelines.ltx2.connectors.LTX2TextConnectors": ClassDecl(wrapper=ConnectorsProgram),
     "diffusers.LTX2VideoTransformer3DModel": ClassDecl(
-        wrapper=TransformerProgram, probe=ProbeDecl(inputs=("hidden_states", "timestep"), build=LTX2Probe)),
+        wrapper=TransformerProgram, split=TRANSFORMER_SPLIT,
+        probe=ProbeDecl(inputs=("hidden_states", "timestep"), build=LTX2Probe)),
     "diffusers.AutoencoderKLLTX2Video": ClassDecl(wrapper=VideoDecodeProgram, build_random=build_random),
     "diffusers.AutoencoderKLLTX2Audio": ClassDecl(wrapper=AudioDecodeProgram, build_random=build_random),
     "diffusers.pipelines.ltx2.vocoder.LTX2Vocoder": ClassDecl(wrapper=VocoderProgram),
