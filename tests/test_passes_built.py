@@ -2,7 +2,8 @@
 source of both verdicts, checked here against the family declarations and codegen's refusals without compiling
 (the split and probe tests compile one program per rule path: FLUX TP/SP and Ulysses/Ring/
 gather_kv in tests/test_split_flux.py and test_split_compiled.py, Qwen-Image TP in
-test_split_qwen.py, Wan 2.1 TP+SP+CP ring in test_split_wan.py, the FLUX probe in
+test_split_qwen.py, Wan 2.1 TP+SP+CP ring in test_split_wan.py, LTX-2 CP ring in
+test_split_ltx2.py, the FLUX probe in
 test_stepcache_probe.py, the other families' probes in test_stepcache_families.py).
 """
 from __future__ import annotations

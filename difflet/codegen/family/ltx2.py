@@ -18,15 +18,9 @@ Invariants:
 - Latent (de)normalization uses the VAEs' `latents_mean`/`latents_std` buffers, which live in the
   weights, so it runs inside the decoder programs, never on the host.
 - Split LTX2VideoTransformer3DModel (TransformerProgram's calling convention on every rank): CP
-  shards the video stream only (IR inputs hidden_states and video_coords, output sample); audio
-  and both texts stay replicated over cp, every block linear of both streams is TP-split by
-  heads, and with SP every stream (audio and text too) is token-sharded over tp. Why audio is not
-  CP-sharded (shared/models.md, 512x768x121): 126 audio tokens of width 2048 against 6,144 video
-  tokens of 4096, so audio is ~0.5% of a block's linear FLOPs (126*2048^2 / 6144*4096^2) and its
-  replicated compute costs less than any exchange a sharded audio self-attention would need. Hence
-  (family/ltx2_attention.py) video self-attention runs the planned CP mode, the text and
-  video->audio key sites are local, and the audio-queries/video-keys site (video_to_audio_attn)
-  gathers the video K/V (the planner's `gather_kv` for replicated queries).
+  shards the video stream only; audio and both texts stay replicated over cp (why, from the real
+  sizes, and the attention each site runs: family/ltx2_attention.py). Every block linear of both
+  streams is TP-split by heads; with SP every stream is token-sharded over tp.
 """
 from __future__ import annotations
 
@@ -190,7 +184,6 @@ class VocoderProgram(torch.nn.Module):
 
     def forward(self, mel: torch.Tensor) -> tuple[torch.Tensor]:
         return (self.model(mel),)
-
 
 
 class _HostPow(TorchFunctionMode):

@@ -8,11 +8,16 @@ Invariants:
 - Heads come from the projection width (`-1` with attn.head_dim): under TP a rank holds a
   contiguous shard of heads, and the RoPE tables arrive already cut to that shard
   (SplitDecl.head_tables on the model's four RoPE modules); `attn.heads` is never used to split.
+- Why only video is CP-sharded (shared/models.md, LTX-2 at 512x768x121): 126 audio tokens of width
+  2048 against 6,144 video tokens of 4096, so audio is ~0.5% of a block's linear FLOPs
+  (126 * 2048^2 / (6144 * 4096^2)); replicating it over cp costs less than the exchange a sharded
+  audio self-attention would need at every block, and 126 tokens do not divide by 4. Audio stays
+  TP-split by heads like every block linear (and token-sharded over tp with SP).
 - Streams: the video stream is CP-sharded (this rank's chunk of tokens and of its RoPE tables),
   audio and text are replicated over cp. So the site's planned mode decides: video self-attention
-  (attn1) attends the whole video over the CP group in the planned mode; audio->video
-  (video_to_audio_attn: audio queries, video keys) is `gather_kv`, every video key gathered for
-  the replicated audio queries; every other site has replicated keys (text, audio) and is
+  (attn1) attends the whole video over the CP group in the planned mode; video->audio
+  (video_to_audio_attn: audio queries over video keys) is `gather_kv`, every video key and value
+  (at the audio width) gathered for the replicated audio queries; every other site has replicated keys (text, audio) and is
   `local`: this rank's queries against every key, the SDPA call diffusers' native backend makes.
 - No mask: the connectors' registers replace the text padding (family/ltx2.py), so LTX-2.0's
   attention has no mask and no gated heads; either is refused, as is interleaved RoPE (its
