@@ -14,7 +14,8 @@ Invariants:
   program has exactly the call convention of an unsplit one.
 - What the class contributes (visual inputs and outputs, SP entries, joint prefixes, the split
   attention processor, or in-model stream entries/exits and CP tables for a class that patches
-  its own input) is its family's `SplitDecl`; which classes are built at all is
+  its own input, outputs and per-head RoPE tables of a stream CP replicates) is its family's
+  `SplitDecl`; a class with a program wrapper is called through it on every rank; which classes are built at all is
   difflet/passes/built.py. Built: any tp, cp (ulysses|ring|gather_kv) and sp of those classes;
   cfg, dp and other classes raise DiffletError naming the component.
 """
