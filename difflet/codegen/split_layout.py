@@ -119,7 +119,7 @@ def apply_layout(model: torch.nn.Module, node: Node, groups) -> int:
 
 def _joint_segments(node: Node, linear: str, text: int, vis: int) -> tuple[int, int]:
     """Token counts of a joint sequence's two parts in the order of the IR attention site whose
-    block holds `linear` (FLUX: text first; HunyuanVideo: visual first)."""
+    block holds `linear` (text first unless that site's IR order starts with visual)."""
     for site in node.find(Op.ATTENTION):
         block = site.name.split("*")[0]  # "single_transformer_blocks.*.attn" -> its blocks' prefix
         if linear.startswith(block) and tuple(site.attrs.get("order", ("text",)))[0] == "visual":
@@ -211,7 +211,7 @@ class RankProgramModule(ProgramModule):
         self.visual_in = [facts.visual_inputs.get(v.name) for v in program_inputs(node)]
         self.visual_out = [facts.visual_outputs.get(n.name) for n in node.find(Op.OUTPUT)]
         wrap = declaration(node.attrs["class"]).wrapper
-        # the class's adapter to the IR calling convention (HunyuanVideo: the text mask from
+        # the class's adapter to the IR calling convention (e.g. a text mask built from
         # valid_text) over this same model, kept out of the module tree: the state dict stays model.*
         self.__dict__["adapter"] = None if wrap is None else wrap(model, node)
 
