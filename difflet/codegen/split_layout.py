@@ -197,6 +197,15 @@ def _install_split_attention(model, node: Node, layout: Node, cp_group, text_len
                                             mode, cp_group if mode != "local" else None))
 
 
+def _stateless(adapter: torch.nn.Module, model: torch.nn.Module, node: Node) -> torch.nn.Module:
+    """`adapter`, checked to hold no tensor of its own: only the model's reach the rank's weights."""
+    mine = {id(t) for t in (*model.parameters(), *model.buffers())}
+    if any(id(t) not in mine for t in (*adapter.parameters(), *adapter.buffers())):
+        raise DiffletError(f"the program wrapper of {node.attrs['class']} holds tensors of its own; a split "
+                           "rank program calls it outside its module tree", where=node.loc)
+    return adapter
+
+
 class RankProgramModule(ProgramModule):
     """A rank's program: full inputs in, its visual shard taken, full outputs gathered back."""
 
@@ -213,7 +222,7 @@ class RankProgramModule(ProgramModule):
         wrap = declaration(node.attrs["class"]).wrapper
         # the class's adapter to the IR calling convention (e.g. a text mask built from
         # valid_text) over this same model, kept out of the module tree: the state dict stays model.*
-        self.__dict__["adapter"] = None if wrap is None else wrap(model, node)
+        self.__dict__["adapter"] = None if wrap is None else _stateless(wrap(model, node), model, node)
 
     def forward(self, *inputs):
         from difflet.parallel import comm
