@@ -1,7 +1,8 @@
 """Split HunyuanVideo tiny denoisers on real gloo ranks equal the UNSPLIT diffusers
 HunyuanVideoTransformer3DModel at every valid text length.
 
-Every layout `--list-legal --target cpu` calls legal at 2 and 4 ranks (cfg/dp are not built) is built
+Every layout `--list-legal --target cpu` calls legal at 2 and 4 ranks (cfg needs two guidance
+passes, which this model does not run) is built
 per rank by codegen's split_layout (presharded ParallelLinears, SP regions with the single-stream
 blocks' joint [visual, text] token segments, the visual stream sharded inside the model at
 transformer_blocks.0 / rope / proj_out, the SP text at transformer_blocks.0's input, CP joint
@@ -9,7 +10,9 @@ attention with the runtime bound via family/hunyuan_video_attention's processor;
 replicated) from one random:0 checkpoint:
 - hunyuan-video-tiny (2 heads): tp2, tp2+sp, cp2 x {ulysses, ring, gather_kv}; tp2cp2 and
   tp2cp2+sp x {ring, gather_kv}, cp4 x {ring, gather_kv} (Ulysses at 4 ranks and tp4 need 4 heads);
-- hunyuan-video-tiny4 (4 heads): tp4, tp4+sp, tp2cp2, tp2cp2+sp and cp4 x {ulysses, ring, gather_kv}.
+- hunyuan-video-tiny4 (4 heads): tp4, tp4+sp, tp2cp2, tp2cp2+sp and cp4 x {ulysses, ring, gather_kv};
+- the 4-rank dp layouts (dp2xtp2, dp2xtp2+sp, dp2xtp1cp2 x {ulysses, ring, gather_kv}) as codegen
+  builds them: one replica's 2 ranks (split_codegen.degrees leaves dp out).
 They run EAGERLY (the rank modules without AOT compile, same code as the programs) from one
 program build per layout at every valid_text; one layout, hunyuan-video-tiny tp2cp2+sp ring, is
 also compiled with AOTInductor through codegen, loaded as a SplitProgram and served by ModelRunner
@@ -36,7 +39,9 @@ TOKENS = 32  # visual tokens: 5 frames -> 2 latent frames, x (32 px / 4 / patch 
 VALID = (1, 3, 7, 12, 16)  # >= 5 valid text lengths from 1 to max_text
 PAD_VALID = 7  # the swept length at which the padding rows are redrawn
 TWO = [("tiny", "tp2", None), ("tiny", "tp2+sp", None), ("tiny", "cp2", "ulysses"), ("tiny", "cp2", "ring"),
-       ("tiny", "cp2", "gather_kv")]
+       ("tiny", "cp2", "gather_kv")] + \
+      [("tiny", "dp2xtp2", None), ("tiny", "dp2xtp2+sp", None)] + \
+      [("tiny", "dp2xtp1cp2", a) for a in ("ulysses", "ring", "gather_kv")]  # one dp replica: 2 ranks
 FOUR = [("tiny", p, a) for p in ("tp2cp2", "tp2cp2+sp", "cp4") for a in ("ring", "gather_kv")] + \
        [("tiny4", "tp4", None), ("tiny4", "tp4+sp", None)] + \
        [("tiny4", p, a) for p in ("tp2cp2", "tp2cp2+sp", "cp4") for a in ("ulysses", "ring", "gather_kv")]
