@@ -111,6 +111,8 @@ def demo_pixels(tmp_path, store, model: str, *args: str) -> np.ndarray:
     ("qwen-image-tiny", ("--parallel", "tp1cp2", "--attention", "ring")),
     ("wan2.1-tiny", ("--parallel", "tp2")),
     ("wan2.1-tiny", ("--parallel", "tp1cp2", "--attention", "ring")),
+    ("hunyuan-video-tiny", ("--parallel", "tp2")),
+    ("hunyuan-video-tiny", ("--parallel", "tp1cp2", "--attention", "ulysses")),
 ])
 def test_demo_parallel_serves_the_tp1_output(tmp_path, difflet_test_store, tp1_demo, model, args):
     """`difflet demo --parallel` compiles split rank programs and serves them through the real

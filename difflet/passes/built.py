@@ -14,7 +14,7 @@ from __future__ import annotations
 from difflet.ir.nodes import Module, Node, Op
 
 SPLIT_BUILT = ("diffusers.FluxTransformer2DModel", "diffusers.QwenImageTransformer2DModel",
-               "diffusers.WanTransformer3DModel")
+               "diffusers.WanTransformer3DModel", "diffusers.HunyuanVideoTransformer3DModel")
 PROBE_BUILT = ("diffusers.FluxTransformer2DModel", "diffusers.QwenImageTransformer2DModel",
                "diffusers.WanTransformer3DModel", "diffusers.HunyuanVideoTransformer3DModel",
                "diffusers.LTX2VideoTransformer3DModel")
