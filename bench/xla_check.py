@@ -75,7 +75,38 @@ def _where(err: BaseException) -> str:
     frames = traceback.extract_tb(err.__traceback__)
     useful = [f for f in frames if any(p in f.filename for p in ("difflet/", "diffusers/", "transformers/"))]
     f = (useful or frames or [None])[-1]
-    return "" if f is None else f"{f.filename.split('site-packages/')[-1]}:{f.lineno} ({f.line})"
+    path = "" if f is None else f.filename.split("site-packages/")[-1].removeprefix(f"{REPO}/")
+    return "" if f is None else f"{path}:{f.lineno} ({f.line})"
+
+
+def host_reads(pm, inputs) -> tuple[list, list[str]]:
+    """Run `pm` eagerly, recording where it reads a tensor value on the host (`.item()`, `.all()`
+    in an `if`: aten._local_scalar_dense): under lazy tracing each such read runs the graph so far
+    and branches on its value, i.e. the program depends on data. Returns (outputs, places)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    places: list[str] = []
+
+    class Reads(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default:
+                frames = [f for f in traceback.extract_stack() if "/torch/" not in f.filename
+                          and not f.filename.endswith("xla_check.py")]
+                if frames:
+                    f = frames[-1]
+                    where = f"{f.filename.split('site-packages/')[-1]}:{f.lineno} ({(f.line or '').strip()})"
+                    if where not in places:
+                        places.append(where)
+            return func(*args, **(kwargs or {}))
+
+    try:
+        with torch.no_grad(), Reads():
+            return _flat(pm(*inputs)), places
+    except NotImplementedError as err:  # torch.cond has no rule for a dispatch mode: run it plainly
+        if "HigherOrderOperator" not in str(err):
+            raise
+    with torch.no_grad():
+        return _flat(pm(*inputs)), ["(not recorded: torch.cond runs under no dispatch mode)"]
 
 
 def compile_count() -> int:
@@ -98,8 +129,12 @@ def check_component(comp, ckpt: Path) -> dict:
         pm = build_program_module(comp, ckpt)
         calls = input_sets(comp)
         stage = "eager"
-        with torch.no_grad():
-            ref = [_flat(pm(*inputs)) for _, inputs in calls]
+        ref, reads = [], []
+        for _, inputs in calls:
+            outs, places = host_reads(pm, inputs)
+            ref.append(outs)
+            reads += [p for p in places if p not in reads]
+        row["host_reads"] = reads
         stage = "move to XLA"
         dev = torch_xla.device()
         pm = pm.to(dev)
@@ -124,26 +159,26 @@ def check_component(comp, ckpt: Path) -> dict:
                    ref_max_abs=max(float(r.abs().max()) for r in ref[0]), xla_seconds=time.perf_counter() - t0,
                    fallback_ops=sorted(met.executed_fallback_ops()))
         row["compiled_once"] = row["compiles"] == 1
-        row["recompiled"] = [_recompile_reason(c, per_call[0]) for c in per_call[1:] if c["compiles"]]
+        most = max(c["hlo_parameters"] for c in per_call)
+        row["merged_values"] = [c["values"] for c in per_call if c["hlo_parameters"] < most]
+        row["recompiled"] = [_recompile_reason(c, most, reads) for c in per_call[1:] if c["compiles"]]
     except Exception as err:  # a component that does not lower is a result, not a crash
         row["error"] = {"stage": stage, "type": type(err).__name__, "message": str(err).strip()[:600],
                         "where": _where(err)}
     return row
 
 
-def _recompile_reason(call: dict, first: dict) -> str:
+def _recompile_reason(call: dict, most: int, reads: list[str]) -> str:
     """Why a later call compiled again, as far as the HLO shows it."""
     vals = ", ".join(f"{k}={v}" for k, v in call["values"].items())
-    if call["hlo_parameters"] < first["hlo_parameters"]:
-        # torch-xla: a 0-d input of value 0/1 becomes a constant; any other value shares the device
-        # data of an equal Python scalar in the graph, so the program has one parameter fewer
-        return f"{vals}: {first['hlo_parameters'] - call['hlo_parameters']} parameter(s) fewer (the value merged with an equal graph scalar)"
-    return f"{vals}: a different graph"
+    if call["hlo_parameters"] < most and not reads:
+        return f"{vals}: merged with an equal graph scalar"
+    return f"{vals}: a different graph" + (" (it branches on a host read)" if reads else "")
 
 
 def markdown(rows: list[dict]) -> str:
     head = ("| model | component | runtime values | compiled once (compiles / calls) | max abs error "
-            "(output max) | f64 ops in HLO | CPU fallbacks |\n|---|---|---|---|---|---|---|\n")
+            "(output max) | f64 ops in HLO | CPU fallbacks; host reads of tensor values |\n|---|---|---|---|---|---|---|\n")
     lines = []
     for r in rows:
         rv = ", ".join(f"{k} {'/'.join(map(str, v))}" for k, v in r["runtime_values"].items()) or "—"
@@ -152,13 +187,26 @@ def markdown(rows: list[dict]) -> str:
             lines.append(f"| {r['model']} | {r['component']} | {rv} | FAILS at {e['stage']}: {e['type']}: "
                          f"{e['message'].splitlines()[0][:160]} (at {e['where']}) | — | {r.get('f64', {}).get('ops', '—')} | — |")
             continue
-        once = "yes" if r["compiled_once"] else "NO: " + "; ".join(r["recompiled"])
+        split = r["per_call"][0]["compiles"]
+        why = ([f"{split} compiles in the first call (the graph is cut at a CPU fallback or host read)"]
+               if split > 1 else []) + r["recompiled"]
+        once = "yes" if r["compiled_once"] else "NO: " + "; ".join(why)
+        merged = [", ".join(f"{k}={v}" for k, v in m.items()) for m in r["merged_values"]]
+        merged = [m for m in merged if f"{m}: merged" not in once]  # not said twice
+        if merged:  # traced at that value, the program reads a constant and the input as one parameter
+            once += f"; fewer HLO parameters at {' and '.join(merged)}" + (
+                "" if r["host_reads"] else " (the runtime input merged with an equal graph scalar)")
         f64 = r["f64"]["ops"]
         f64 = f"{f64}: " + "; ".join(r["f64"]["examples"]) if f64 else "0"
         lines.append(f"| {r['model']} | {r['component']} | {rv} | {once} ({r['compiles']} / {r['calls']}) | "
                      f"{r['max_abs_err']:.1e} ({r['ref_max_abs']:.2g}) | {f64} | "
-                     f"{', '.join(r['fallback_ops']) or 'none'} |")
+                     f"{'; '.join(r['fallback_ops'] + r['host_reads']) or 'none'} |")
     return head + "\n".join(lines) + "\n"
+
+
+def rewrite_markdown(out: str) -> None:
+    """OUT.md again from OUT.json (after a change to the table's wording; no XLA needed)."""
+    Path(out + ".md").write_text(markdown(json.loads(Path(out + ".json").read_text())["rows"]))
 
 
 def main(argv: list[str] | None = None) -> int:
