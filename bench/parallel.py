@@ -1,7 +1,8 @@
 """Benchmark distributed joint attention: K/V bytes per rank, mode times on gloo ranks, and
 bounded attention vs dense-mask SDPA; and whole denoiser step time per parallel configuration
-(flux-tiny4 split by codegen's split_layout, eager) as a ratio to TP1. Prints JSON, then
-markdown tables. Never a test.
+per family (each family's tiny description, split by codegen's split_layout, eager) as a ratio to
+TP1. Prints JSON, then markdown tables. Never a test. CFG-parallel vs sequential CFG:
+bench/parallel_cfg.py.
 
 K/V bytes are what each mode's kernel calls actually hold at once (the `report` the joint
 attention functions fill from their tensors), measured on real gloo ranks at each CP size.
@@ -9,7 +10,7 @@ Times are wall-clock on this host's CPU over gloo loopback: read them as ratios 
 
   python bench/parallel.py            # default sizes (about a minute on 2 idle cores)
   python bench/parallel.py --quick    # smaller sizes
-  python bench/parallel.py --steps    # only the denoiser step table
+  python bench/parallel.py --steps    # only the denoiser step table (--models a,b: some families)
 """
 from __future__ import annotations
 
@@ -125,24 +126,43 @@ def bench_mask(h, t, d, seqs, reps):
     return rows
 
 
-STEP_CONFIGS = [("tp1", None, 1), ("tp2", None, 2), ("tp4", None, 4), ("tp4+sp", None, 4),
-                ("tp2cp2", "ulysses", 4), ("tp2cp2", "ring", 4), ("tp2cp2", "gather_kv", 4),
-                ("cp4", "ulysses", 4), ("cp4", "ring", 4)]
+STEP_CONFIGS = [("tp1", None, 1), ("tp2", None, 2), ("tp1cp2", "ulysses", 2), ("tp1cp2", "ring", 2),
+                ("tp4", None, 4), ("tp4+sp", None, 4), ("tp2cp2", "ulysses", 4), ("tp2cp2", "ring", 4),
+                ("tp2cp2", "gather_kv", 4), ("tp1cp4", "ulysses", 4), ("tp1cp4", "ring", 4)]
+# one tiny description per family (4 heads where the family has one, so tp4 / Ulysses at 4 ranks
+# are legal) and its profile overrides: a larger visual sequence than the tests use
+STEP_MODELS = {"flux-tiny4": "side", "qwen-image-tiny": {}, "wan2.1-tiny4": {},
+               "hunyuan-video-tiny4": {}, "ltx2-tiny4": {}}
 
 
-def _plan_tiny4(parallel, attention, side):
+def _plan(model, parallel, attention, overrides):
     from pathlib import Path
 
     from difflet.frontend.lower import lower_file
     from difflet.passes.pipeline import optimize
 
-    dsl = Path(__file__).resolve().parent.parent / "models" / "flux-tiny4.dsl"
-    return optimize(lower_file(str(dsl), {"height": str(side), "width": str(side)}), parallel=parallel,
-                    attention=attention, target="cpu")
+    dsl = Path(__file__).resolve().parent.parent / "models" / f"{model}.dsl"
+    return optimize(lower_file(str(dsl), overrides), parallel=parallel, attention=attention, target="cpu")
 
 
-def _rank_steps(rank, world, configs, ckpt, side, reps):
-    """Per config: this rank's seconds per denoiser step for each rep (after a barrier)."""
+def _buildable(model, overrides):
+    """STEP_CONFIGS the planner calls legal on cpu and codegen builds, for this model."""
+    from difflet.errors import DiffletError
+    from difflet.passes.built import reasons
+
+    out = []
+    for p, a, w in STEP_CONFIGS:
+        try:
+            planned = _plan(model, p, a, overrides)
+        except DiffletError:
+            continue  # illegal here (heads, tokens): the planner's verdict
+        if not reasons(planned):
+            out.append((p, a, w))
+    return out
+
+
+def _rank_steps(rank, world, model, configs, ckpt, overrides, reps):
+    """Per config: this rank's seconds per denoiser call for each rep (after a barrier)."""
     import torch.distributed as dist
     from difflet.codegen.build import example_inputs
     from difflet.codegen.split_codegen import degrees
@@ -151,7 +171,7 @@ def _rank_steps(rank, world, configs, ckpt, side, reps):
 
     out = {}
     for parallel, attention in configs:
-        node = _plan_tiny4(parallel, attention, side).component("transformer")
+        node = _plan(model, parallel, attention, overrides).components("denoiser")[0]
         pm = build_rank_module(node, ckpt, make_groups(degrees(node)))
         x = example_inputs(node)
         with torch.no_grad():
@@ -166,26 +186,37 @@ def _rank_steps(rank, world, configs, ckpt, side, reps):
     return out
 
 
-def bench_steps(side, reps):
-    """Denoiser step ms per configuration (slowest rank, median) and its ratio to TP1, one run."""
+def bench_steps(side, reps, models=tuple(STEP_MODELS)):
+    """Per family: denoiser call ms per buildable configuration (slowest rank, median) and its
+    ratio to TP1, one run."""
     import tempfile
 
     from difflet.codegen.checkpoint import resolve_weights
+    from difflet.passes import model_facts as F
 
     store = tempfile.mkdtemp(prefix="difflet-bench-")
-    ckpt = str(resolve_weights(_plan_tiny4("tp1", None, side), "random:0", store))
     rows = []
-    for world in (1, 2, 4):
-        configs = [(p, a) for p, a, w in STEP_CONFIGS if w == world]
-        per_rank = run_ranks(_rank_steps, world, configs, ckpt, side, reps, timeout=1200)
-        for p, a in configs:
-            ms = 1e3 * statistics.median(max(r[p, a][i] for r in per_rank) for i in range(reps))
-            rows.append({"config": p, "attention": a or "-", "ranks": world, "step_ms": ms})
-    base = next(r["step_ms"] for r in rows if r["config"] == "tp1")
-    for r in rows:
-        r["ratio_to_tp1"] = r["step_ms"] / base
-    return {"model": "flux-tiny4", "height": side, "width": side, "visual_tokens": (side // 4) ** 2,
-            "text_tokens": 32, "rows": rows}
+    for model in models:
+        overrides = {"height": str(side), "width": str(side)} if STEP_MODELS[model] == "side" else STEP_MODELS[model]
+        base_plan = _plan(model, "tp1", None, overrides)
+        ckpt = str(resolve_weights(base_plan, "random:0", store))
+        tokens = F.tokens(base_plan.components("denoiser")[0])
+        buildable = _buildable(model, overrides)
+        model_rows = []
+        for world in (1, 2, 4):
+            configs = [(p, a) for p, a, w in buildable if w == world]
+            if not configs:
+                continue
+            per_rank = run_ranks(_rank_steps, world, model, configs, ckpt, overrides, reps, timeout=1800)
+            for p, a in configs:
+                ms = 1e3 * statistics.median(max(r[p, a][i] for r in per_rank) for i in range(reps))
+                model_rows.append({"model": model, "visual": tokens["visual"], "text": tokens["text"],
+                                   "config": p, "attention": a or "-", "ranks": world, "step_ms": ms})
+        base = next(r["step_ms"] for r in model_rows if r["config"] == "tp1")
+        for r in model_rows:
+            r["ratio_to_tp1"] = r["step_ms"] / base
+        rows += model_rows
+    return {"rows": rows}
 
 
 def _table(rows, cols):
@@ -198,9 +229,15 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes")
     ap.add_argument("--steps", action="store_true", help="only the denoiser step time per configuration")
+    ap.add_argument("--models", default=",".join(STEP_MODELS),
+                    help=f"families' tiny descriptions for the step table (default: {','.join(STEP_MODELS)})")
     a = ap.parse_args(argv)
+    models = [m.strip() for m in a.models.split(",") if m.strip()]
+    unknown = sorted(set(models) - set(STEP_MODELS))
+    if unknown:
+        ap.error(f"--models: unknown {', '.join(unknown)} (known: {', '.join(STEP_MODELS)})")
     torch.set_num_threads(1)
-    steps = bench_steps(64 if a.quick else 128, 3 if a.quick else 5)
+    steps = bench_steps(64 if a.quick else 128, 3 if a.quick else 5, models)
     if a.steps:
         print(json.dumps(steps, indent=1))
         _print_steps(steps)
@@ -232,9 +269,10 @@ def main(argv=None):
 
 
 def _print_steps(steps):
-    print(f"\n### Denoiser step per configuration ({steps['model']}, {steps['visual_tokens']} visual + "
-          f"{steps['text_tokens']} text tokens, eager split modules, 1 thread per rank)\n")
-    print(_table(steps["rows"], ["config", "attention", "ranks", "step_ms", "ratio_to_tp1"]))
+    print("\n### Denoiser call per configuration and family (random:0 tiny models, eager split rank "
+          "modules, 1 thread per rank; every configuration the planner calls legal on cpu and codegen builds)\n")
+    print(_table(steps["rows"], ["model", "visual", "text", "config", "attention", "ranks", "step_ms",
+                                 "ratio_to_tp1"]))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import pytest
 from PIL import Image
 
 STAGES = ("lower", "opt", "codegen", "load+warm-up", "request")
+PROMPT = "a red fox in the snow"
 
 
 def run_demo(store, out):
@@ -41,19 +42,35 @@ TINY = {"qwen-image-tiny": (0, 64, 64, 0, False), "wan2.1-tiny": (9, 32, 32, 16,
         "hunyuan-video-tiny": (5, 32, 32, 15, False), "ltx2-tiny": (9, 32, 32, 24, True)}
 
 
+@pytest.fixture(scope="session")
+def tp1_demo(tmp_path_factory, difflet_test_store):
+    """model -> (CompletedProcess, output path) of ONE `difflet demo PROMPT --model M` run per
+    session, as a user runs it (cwd a fresh directory, no -o): the every-family test checks it and
+    the --parallel / CFG tests compare with it, so the TP1 server starts once per model."""
+    runs = {}
+
+    def run(model: str):
+        if model not in runs:
+            cwd = tmp_path_factory.mktemp(f"tp1-{model}")
+            proc = subprocess.run([sys.executable, "-m", "difflet.cli", "demo", PROMPT, "--model", model,
+                                   "--store", str(difflet_test_store)],
+                                  capture_output=True, text=True, timeout=1800, cwd=cwd)
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            runs[model] = (proc, cwd / ("demo.mp4" if TINY.get(model, (0,))[0] else "demo.png"))
+        return runs[model]
+
+    return run
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("model", sorted(TINY))
-def test_demo_serves_every_tiny_family_over_grpc(tmp_path, difflet_test_store, model):
+def test_demo_serves_every_tiny_family_over_grpc(tp1_demo, model):
     """The CLI as a user runs it, without -o: a PNG for the image model, an MP4 (AAC track for
     LTX-2) with the profile's frames and rate for the video models."""
     import av
 
     frames, height, width, fps, sound = TINY[model]
-    proc = subprocess.run([sys.executable, "-m", "difflet.cli", "demo", "a red fox in the snow",
-                           "--model", model, "--store", str(difflet_test_store)],
-                          capture_output=True, text=True, timeout=1800, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = tmp_path / ("demo.mp4" if frames else "demo.png")
+    proc, out = tp1_demo(model)
     assert f"wrote {out.name}" in proc.stdout and "| request |" in proc.stdout
     if not frames:
         image = np.asarray(Image.open(out).convert("RGB"))
@@ -66,20 +83,25 @@ def test_demo_serves_every_tiny_family_over_grpc(tmp_path, difflet_test_store, m
     assert decoded.shape == (frames, height, width, 3) and decoded.std() > 0
 
 
-def _demo_output(tmp_path, store, model: str, *args: str) -> np.ndarray:
-    """The demo's image [H, W, 3], or a video model's decoded MP4 frames [F, H, W, 3]."""
+def _pixels(out) -> np.ndarray:
+    """A demo's image [H, W, 3], or a video's decoded MP4 frames [F, H, W, 3]."""
     import av
 
-    video = model in TINY and TINY[model][0] > 0
-    out = tmp_path / f"{model}{'-'.join(args)}.{'mp4' if video else 'png'}"
-    proc = subprocess.run([sys.executable, "-m", "difflet.cli", "demo", "a red fox in the snow",
-                           "--model", model, "--store", str(store), "-o", str(out), *args],
-                          capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    if not video:
+    if out.suffix == ".png":
         return np.asarray(Image.open(out).convert("RGB"))
     with av.open(str(out)) as container:
         return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+
+
+def demo_pixels(tmp_path, store, model: str, *args: str) -> np.ndarray:
+    """`difflet demo PROMPT --model M ARGS -o FILE`'s decoded output."""
+    video = TINY.get(model, (0,))[0] > 0
+    out = tmp_path / f"{model}{'-'.join(args)}.{'mp4' if video else 'png'}"
+    proc = subprocess.run([sys.executable, "-m", "difflet.cli", "demo", PROMPT, "--model", model,
+                           "--store", str(store), "-o", str(out), *args],
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return _pixels(out)
 
 
 CODEC_AMPLIFIED = ("ltx2-tiny",)  # video models whose MP4 P-frames amplify a one-level pixel change
@@ -92,18 +114,20 @@ CODEC_AMPLIFIED = ("ltx2-tiny",)  # video models whose MP4 P-frames amplify a on
     ("qwen-image-tiny", ("--parallel", "tp1cp2", "--attention", "ring")),
     ("wan2.1-tiny", ("--parallel", "tp2")),
     ("wan2.1-tiny", ("--parallel", "tp1cp2", "--attention", "ring")),
+    ("hunyuan-video-tiny", ("--parallel", "tp2")),
+    ("hunyuan-video-tiny", ("--parallel", "tp1cp2", "--attention", "ulysses")),
     ("ltx2-tiny", ("--parallel", "tp2")),
     ("ltx2-tiny", ("--parallel", "tp1cp2", "--attention", "ring")),  # rank programs shared with test_split_ltx2
 ])
-def test_demo_parallel_serves_the_tp1_output(tmp_path, difflet_test_store, model, args):
+def test_demo_parallel_serves_the_tp1_output(tmp_path, difflet_test_store, tp1_demo, model, args):
     """`difflet demo --parallel` compiles split rank programs and serves them through the real
     difflet-runtime; the image (a video: every decoded MP4 frame, >= 60 dB each) equals the TP1
     demo's (split programs reorder float sums only: tests/oracle_util.py's closeness rule; a
     wrong shard or head order fails it by far)."""
     from oracle_util import describe_match, images_close, psnr
 
-    tp1 = _demo_output(tmp_path, difflet_test_store, model)
-    split = _demo_output(tmp_path, difflet_test_store, model, *args)
+    tp1 = _pixels(tp1_demo(model)[1])
+    split = demo_pixels(tmp_path, difflet_test_store, model, *args)
     if split.ndim == 4 and model in CODEC_AMPLIFIED:
         # key frame >= 60 dB, the clip >= 50 dB: frames that H.264 predicts carry a one-level change
         # of their reference frames onward (ltx2-tiny: raw frames within 1 level through ModelRunner,

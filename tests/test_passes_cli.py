@@ -43,9 +43,9 @@ def test_list_legal_table(flux_ir):
     r = CliRunner().invoke(main, ["opt", str(flux_ir), "--list-legal", "--target", "trn2", "--cores", "4"])
     assert r.exit_code == 0
     rows = {l.split("|")[1].strip(): l for l in r.output.splitlines() if l.startswith("| ")}
-    # legal for the planner, but the neuron backend's split programs are not wired into codegen
-    assert "| not-built (transformer): split programs are built for the inductor backend only so far, " \
-        "not neuron |" in rows["tp4"] and rows["tp4"].rstrip().endswith("| same |")  # with the probe too
+    # the neuron backend builds FLUX's tp-only plans (one NxD SPMD program), not its SP/CP ones
+    assert rows["tp4"].split("|")[4].strip() == "legal" and rows["tp4"].rstrip().endswith("| same |")
+    assert "| not-built (transformer): the neuron backend builds tp-only split programs" in rows["tp4+sp"]
     assert "cfg: cfg2 needs true classifier-free guidance" in rows["tp2+cfg2"]
     r = CliRunner().invoke(main, ["opt", str(flux_ir), "--list-legal", "--target", "cpu", "--cores", "4"])
     rows = {l.split("|")[1].strip(): l for l in r.output.splitlines() if l.startswith("| ")}

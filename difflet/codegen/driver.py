@@ -38,7 +38,7 @@ class CodegenResult:
     manifest: Manifest | None = None
 
 
-def _require_planned(module: Module) -> None:
+def _require_planned(module: Module, backend: str = "inductor") -> None:
     if module.level != "planned":
         raise DiffletError(f"codegen needs planned IR, got {module.level!r} level; run "
                            "`difflet opt IN.ir -o OUT.ir` first", where=module.loc)
@@ -49,7 +49,7 @@ def _require_planned(module: Module) -> None:
         for layout in comp.find(Op.LAYOUT):
             from difflet.codegen.split_layout import unsupported_reason
 
-            reason = unsupported_reason(comp)
+            reason = unsupported_reason(comp, backend)
             if reason:
                 raise DiffletError(f"component {comp.name!r} is planned for {layout.attrs.get('world')} ranks; "
                                    f"{reason}", where=layout.loc)
@@ -118,7 +118,7 @@ def _codegen(module: Module, weights, out: Path, backend: str, store, log, verbo
     from difflet.codegen.store import Store
     from difflet.ir import binary
 
-    _require_planned(module)
+    _require_planned(module, backend)
     get_backend(backend)  # an unavailable backend (neuron here) fails before any work
     _check_buckets(module, backend)
     the_store = Store(store)
@@ -171,9 +171,10 @@ def _codegen_split(module: Module, comp: Node, ckpt: Path, store, backend: str, 
     from difflet.codegen.split_codegen import compile_split, degrees, rank_weights
     from difflet.codegen.store import link_or_copy
 
-    if backend != "inductor":
-        raise DiffletError(f"split programs of {comp.name!r} are built for the inductor backend only so far",
-                           where="--backend")
+    if backend == "neuron":  # one SPMD program for every rank, not a program per rank
+        from difflet.codegen.neuron_spmd import emit_spmd
+
+        return emit_spmd(comp, ckpt, store, out)
     entries, created = compile_split(module, comp, ckpt, store, backend)
     ranks = []
     for r, entry in enumerate(entries):

@@ -18,9 +18,9 @@ Invariants:
 - Persistent state (the step-caching probe's previous feature) is an aliased output:
   `input_output_aliases={buffer: output_index}` with the new value returned out of place
   (neuron_state.py), never an in-place `copy_`.
-- Tensor-parallel components: neuron_spmd.py builds one SPMD program for all ranks through NxD
-  ModelBuilder with presharded rank weights, but codegen's driver still sends split components to
-  its inductor-only path, so `--backend neuron` refuses tp > 1 with a clear error for now.
+- Tensor-parallel components never come here: codegen's driver sends them to neuron_spmd.py
+  (one SPMD program for all ranks through NxD ModelBuilder, Difflet-presharded rank weights);
+  the runtime does not load such a program yet (split_codegen.split_program refuses it).
 """
 from __future__ import annotations
 
@@ -86,8 +86,8 @@ def compile_entry(node, pm, dest: Path) -> None:
 
     layout = node.find(Op.LAYOUT)
     if layout and any(n.op == "split" for n in layout[0].body):
-        raise BackendUnavailable("backend 'neuron': tensor-parallel layouts (NxD ModelBuilder) are not "
-                                 "built yet; use --parallel tp1", where=node.loc)
+        raise DiffletError(f"{node.name!r} is split: the neuron backend builds it with "
+                           "neuron_spmd.emit_spmd, not as a single-core trace", where=node.loc)
     os.environ.setdefault("NEURON_COMPILE_CACHE_URL", str(compile_cache_dir(dest)))
     program, aliases, dropped = aliased_program(pm)
     workdir = dest / "neuronx-cc"

@@ -14,11 +14,17 @@ Invariants:
   inductor path (difflet/parallel/layers.py: column rows, row columns per input segment, whole
   row bias): rank r's dict has exactly the SPMD module's state-dict keys, shapes and dtypes and is
   written as weights/<name>.rank<r>.safetensors; `unshard` inverts it (tests check both on CPU).
-- Only tp layouts are built (no sp, no cp): their attention is rank-local ("local" mode).
+- Only tp layouts are built (no sp, no cp): their attention is rank-local ("local" mode); which
+  classes is difflet/passes/built.py `SPMD_BUILT` (the planner's and codegen's one list).
+- The store entry (key: the component's cache key, which covers its layout) holds the program
+  without weights (`NxDModel.save`'s default `save_weights=False`); codegen links it into ART/ once
+  per rank (`programs/<name>.rank<r>.pt2`, one file: the runtime's rank-file check names ranks) and
+  writes the rank weights itself, so the store never holds a checkpoint's values.
 """
 from __future__ import annotations
 
 import fnmatch
+import shutil
 from typing import Callable
 
 import torch
@@ -26,6 +32,7 @@ import torch
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
 
+PROGRAM_FILE = "program.nxd"
 RANK_KEY = "spmd_rank.rank"
 PREFIX = "model."  # ProgramModule holds the component model under `model`
 
@@ -115,20 +122,50 @@ def nxd_layer(lin: torch.nn.Linear, style: str) -> torch.nn.Module:
                                 gather_output=style == "column_gather", dtype=dtype)
 
 
-def compile_spmd(node: Node, pm: torch.nn.Module, specs: dict, tp: int, dest, compiler_args: list[str]):
-    """Trace `pm` (the unsplit program module) once as an SPMD program of `tp` ranks into `dest`,
-    load rank weights and save it (NxD's own format, one directory)."""
+def compile_spmd(node: Node, pm: torch.nn.Module, specs: dict, tp: int, dest, compiler_args: list[str]) -> None:
+    """Trace `pm` (the unsplit program module) once as an SPMD program of `tp` ranks and save it,
+    without weights, as `dest/PROGRAM_FILE` (NxD's TorchScript format); `pm` is modified."""
     from neuronx_distributed import ModelBuilder, NxDParallelState
     from neuronx_distributed.parallel_layers.layers import SPMDRank
 
     from difflet.codegen.build import example_inputs
 
-    state = pm.state_dict()
     with NxDParallelState(world_size=tp, tensor_model_parallel_size=tp):
         shard_modules(pm.model, specs, nxd_layer)
         pm.spmd_rank = SPMDRank(world_size=tp)
         nxd = ModelBuilder(pm).trace(args=example_inputs(node), tag=node.name).compile(
             compiler_args=" ".join(compiler_args), compiler_workdir=str(dest / "neuronx-cc"))
-    nxd.set_weights(preshard(state, specs, tp))
-    nxd.save(str(dest / "program.nxd"))
-    return nxd
+    nxd.save(str(dest / PROGRAM_FILE))  # save_weights=False: rank weights live in ART/weights
+    shutil.rmtree(dest / "neuronx-cc", ignore_errors=True)  # compiler logs, as neuron.compile_entry
+
+
+def emit_spmd(comp: Node, ckpt, store, out) -> tuple:
+    """A tp-only split component on neuron into ART/: the SPMD program (compiled or reused by the
+    component's cache key) linked once per rank, and Difflet's presharded rank weight files.
+    Returns (manifest entry, whether it compiled)."""
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    from difflet.codegen.artifacts import program_paths
+    from difflet.codegen.build import build_program_module
+    from difflet.codegen.emit import manifest_entry
+    from difflet.codegen.manifest import RankFiles, file_ref
+    from difflet.codegen.neuron import compiler_args, program_weights
+    from difflet.codegen.split_codegen import degrees, world
+    from difflet.codegen.store import link_or_copy
+
+    out, tp = Path(out), world(comp)
+    pm = build_program_module(comp, ckpt)
+    specs = linear_specs(comp, pm.model)
+    ranks = preshard(program_weights(pm, None), specs, tp)  # before compile_spmd swaps in NxD layers
+    entry, created = store.get_or_create("neuron", comp.attrs["cache_key"],
+                                         lambda tmp: compile_spmd(comp, pm, specs, tp, tmp, compiler_args()),
+                                         directory=True)
+    files = []
+    for r, weights in enumerate(ranks):
+        prog_rel, weights_rel = program_paths(comp.name, r)
+        link_or_copy(entry / PROGRAM_FILE, out / prog_rel)
+        save_file(weights, str(out / weights_rel))
+        files.append(RankFiles(file_ref(out, prog_rel), file_ref(out, weights_rel)))
+    return manifest_entry(comp, comp, files, world=tp, degrees=dict(degrees(comp))), created

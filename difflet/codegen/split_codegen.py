@@ -121,6 +121,11 @@ def split_program(node: Node, backend: str, programs: list[Path], weights: list[
     """A SplitProgram over compiled per-rank programs (rank order)."""
     from difflet.parallel.workers import SplitProgram
 
+    if backend == "neuron":  # NxDModel.load runs every rank from one process, not one worker per rank
+        from difflet.errors import DiffletError
+
+        raise DiffletError(f"{node.name!r} is a neuron SPMD program; loading it (NxDModel.load, set_weights "
+                           "with the rank files, to_neuron) is not built into the runtime yet", where=node.loc)
     args = [(backend, str(p), str(w)) for p, w in zip(programs, weights, strict=True)]
     if backend == "inductor":
         from difflet.parallel.aoti_runner import build

@@ -11,11 +11,12 @@ Invariants:
 - The rank program takes the *full* IR inputs (identical on every rank) and returns the *full*
   IR outputs on every rank: it slices its visual shard of the visual inputs itself (no
   communication) and all-gathers its output shard over tp (with SP) and then cp. So a split
-  program has exactly the call convention of an unsplit one.
+  program has exactly the call convention of an unsplit one. A class with a program `wrapper`
+  (ClassDecl) is called through it, as its unsplit program is; such a wrapper holds no state.
 - What the class contributes (visual inputs and outputs, SP entries, joint prefixes, the split
   attention processor, or in-model stream entries/exits and CP tables for a class that patches
   its own input, outputs and per-head RoPE tables of a stream CP replicates) is its family's
-  `SplitDecl`; a class with a program wrapper is called through it on every rank; which classes are built at all is
+  `SplitDecl`; which classes are built at all is
   difflet/passes/built.py. Built: any tp, cp (ulysses|ring|gather_kv) and sp of those classes;
   cfg, dp and other classes raise DiffletError naming the component.
 """
@@ -43,19 +44,17 @@ def layout_of(node: Node) -> Node:
     return found[0]
 
 
-def unsupported_reason(node: Node) -> str | None:
-    """Why codegen cannot build this component's layout (None when it can): the planner's own
-    verdict (difflet/passes/built.py), so `--list-legal` and codegen never disagree."""
+def unsupported_reason(node: Node, backend: str = "inductor") -> str | None:
+    """Why codegen cannot build this component's layout for `backend` (None when it can): the
+    planner's own verdict (difflet/passes/built.py), so `--list-legal` and codegen never disagree."""
     from difflet.passes.built import layout_reason
 
     layout_of(node)  # a component without exactly one layout is not planned
-    return layout_reason(node)
+    return layout_reason(node, backend)
 
 
 def split_facts(node: Node) -> SplitDecl:
     """The split declaration of the component's class (its family module declares it)."""
-    from difflet.codegen.family import declaration
-
     facts = declaration(node.attrs["class"]).split
     if facts is None:  # passes/built.py says built, yet no family says how: a registry bug
         raise DiffletError(f"{node.attrs['class']} is listed in difflet/passes/built.py SPLIT_BUILT but "
@@ -105,17 +104,36 @@ def apply_layout(model: torch.nn.Module, node: Node, groups) -> int:
             joint = name.startswith(facts.joint_prefixes)
             _set_module(model, name, ParallelLinear.from_linear(
                 lin, style, tp_group, tp_index, tp, segments=split.attrs.get("segments"), sp=sp,
-                token_segments=(text, vis) if joint else None))
+                token_segments=_joint_segments(node, name, text, vis) if joint else None))
             count += 1
     _shard_norms(model, node, layout, tp_group, tp_index, tp)
     if sp:
         for name in facts.sp_entries:
             # the hook's return replaces the output: the stream becomes this rank's token shard
             model.get_submodule(name).register_forward_hook(lambda _m, _i, out: sp_shard(out, tp_group))
+        for name, index in facts.sp_inputs.items():
+            model.get_submodule(name).register_forward_pre_hook(_shard_input(index, tp_group))
     _install_stream_hooks(model, facts, cp_group, tp_group if sp else None)
     _install_head_tables(model, facts, tp_group)
     _install_split_attention(model, node, layout, cp_group, text)
     return count
+
+
+def _joint_segments(node: Node, linear: str, text: int, vis: int) -> tuple[int, int]:
+    """Token counts of a joint sequence's two parts in the order of the IR attention site whose
+    block holds `linear` (text first unless that site's IR order starts with visual)."""
+    for site in node.find(Op.ATTENTION):
+        block = site.name.split("*")[0]  # "single_transformer_blocks.*.attn" -> its blocks' prefix
+        if linear.startswith(block) and tuple(site.attrs.get("order", ("text",)))[0] == "visual":
+            return vis, text
+    return text, vis
+
+
+def _shard_input(index: int, group):
+    """A pre-hook making positional input `index` this rank's SP token shard (SplitDecl.sp_inputs)."""
+    def hook(_m, args):
+        return (*args[:index], sp_shard(args[index], group), *args[index + 1:])
+    return hook
 
 
 def _shard_norms(model, node: Node, layout: Node, tp_group, tp_index: int, tp: int) -> int:
@@ -191,6 +209,15 @@ def _install_split_attention(model, node: Node, layout: Node, cp_group, text_len
                                             mode, cp_group if mode != "local" else None))
 
 
+def _stateless(adapter: torch.nn.Module, model: torch.nn.Module, node: Node) -> torch.nn.Module:
+    """`adapter`, checked to hold no tensor of its own: only the model's reach the rank's weights."""
+    mine = {id(t) for t in (*model.parameters(), *model.buffers())}
+    if any(id(t) not in mine for t in (*adapter.parameters(), *adapter.buffers())):
+        raise DiffletError(f"the program wrapper of {node.attrs['class']} holds tensors of its own; a split "
+                           "rank program calls it outside its module tree", where=node.loc)
+    return adapter
+
+
 class RankProgramModule(ProgramModule):
     """A rank's program: full inputs in, its visual shard taken, full outputs gathered back."""
 
@@ -206,8 +233,9 @@ class RankProgramModule(ProgramModule):
         self.visual_out = [facts.visual_outputs.get(n.name) for n in node.find(Op.OUTPUT)]
         self.sp_out = [facts.sp_outputs.get(n.name) for n in node.find(Op.OUTPUT)]
         wrap = declaration(node.attrs["class"]).wrapper
-        # the class's own calling convention (a bound method, so no second copy of the weights)
-        self.call = wrap(model, node).forward if wrap is not None else super().forward
+        # the class's adapter to the IR calling convention (e.g. a text mask built from
+        # valid_text) over this same model, kept out of the module tree: the state dict stays model.*
+        self.__dict__["adapter"] = None if wrap is None else _stateless(wrap(model, node), model, node)
 
     def forward(self, *inputs):
         from difflet.parallel import comm
@@ -215,7 +243,7 @@ class RankProgramModule(ProgramModule):
 
         inputs = tuple(x if d is None or self.cp == 1 else shard(x, d, self.cp_index, self.cp)
                        for x, d in zip(inputs, self.visual_in))
-        outs = self.call(*inputs)
+        outs = super().forward(*inputs) if self.adapter is None else self.adapter(*inputs)
         gathered = []
         for y, d, s in zip(outs, self.visual_out, self.sp_out):
             if d is not None:

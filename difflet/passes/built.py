@@ -3,7 +3,8 @@
 
 Invariants:
 - Torch-free. `SPLIT_BUILT` / `PROBE_BUILT` name the denoiser classes whose split programs /
-  probe program codegen builds: the single list both the planner and codegen read. How each
+  probe program codegen builds: the single list both the planner and codegen read (`SPMD_BUILT`:
+  those whose tp-only layouts the neuron backend builds as one NxD SPMD program). How each
   is built is its family's declaration (difflet/codegen/family/<family>.py `CLASSES`, a
   `SplitDecl` / `ProbeDecl`), present for exactly these classes (tests/test_passes_built.py).
 - A legal plan is buildable iff `reasons(planned, backend)` is empty; codegen raises the first
@@ -14,11 +15,16 @@ from __future__ import annotations
 from difflet.ir.nodes import Module, Node, Op
 
 SPLIT_BUILT = ("diffusers.FluxTransformer2DModel", "diffusers.QwenImageTransformer2DModel",
-               "diffusers.WanTransformer3DModel", "diffusers.LTX2VideoTransformer3DModel")
+               "diffusers.WanTransformer3DModel", "diffusers.HunyuanVideoTransformer3DModel",
+               "diffusers.LTX2VideoTransformer3DModel")
 PROBE_BUILT = ("diffusers.FluxTransformer2DModel", "diffusers.QwenImageTransformer2DModel",
                "diffusers.WanTransformer3DModel", "diffusers.HunyuanVideoTransformer3DModel",
                "diffusers.LTX2VideoTransformer3DModel")
-SPLIT_BACKENDS = ("inductor",)
+SPLIT_BACKENDS = ("inductor", "neuron")
+# neuron: one NxD SPMD program (codegen/neuron_spmd.py) whose only collectives are NxD's parallel
+# linears, so tp-only layouts of classes whose attention takes its head count from the shapes
+# (not Wan: its tp layout all-reduces the q/k RMSNorm statistics across heads)
+SPMD_BUILT = ("diffusers.FluxTransformer2DModel", "diffusers.QwenImageTransformer2DModel")
 
 
 def replica_world(layout_attrs) -> int:
@@ -40,7 +46,17 @@ def layout_reason(comp: Node, backend: str = "inductor") -> str | None:
     if la.get("cfg", 1) != 1:
         return f"cfg layouts (cfg={la.get('cfg')}) are not built by codegen yet"
     if backend not in SPLIT_BACKENDS:
-        return f"split programs are built for the {', '.join(SPLIT_BACKENDS)} backend only so far, not {backend}"
+        return f"split programs are built for the {', '.join(SPLIT_BACKENDS)} backends only so far, not {backend}"
+    return spmd_reason(comp, la) if backend == "neuron" else None
+
+
+def spmd_reason(comp: Node, la) -> str | None:
+    """Why the neuron SPMD path cannot build this split layout (None when it can)."""
+    if la.get("sp") or int(la.get("cp", 1)) > 1:
+        return "the neuron backend builds tp-only split programs (one NxD SPMD program) so far, not sp or cp"
+    if comp.attrs.get("class") not in SPMD_BUILT:
+        built = ", ".join(c.rpartition(".")[2] for c in SPMD_BUILT)
+        return f"neuron SPMD programs of {comp.attrs.get('class')} are not built yet (built: {built})"
     return None
 
 

@@ -48,6 +48,7 @@ class SplitDecl:
     stream_entries: Mapping[str, int] = field(default_factory=dict)
     stream_exits: Mapping[str, int] = field(default_factory=dict)
     cp_tables: Mapping[str, int] = field(default_factory=dict)
+    sp_inputs: Mapping[str, int] = field(default_factory=dict)
     sp_outputs: Mapping[str, int] = field(default_factory=dict)
     head_tables: Mapping[str, int] = field(default_factory=dict)
 

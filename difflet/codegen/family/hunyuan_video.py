@@ -10,6 +10,11 @@ Invariants:
   mask the model built (from valid_text, the same for every row) — softmax over the same keys as diffusers'
   masked SDPA. The token refiner's self-attention keeps diffusers' processor (the shared
   install_attention installs processors at joint sites only).
+- Split HunyuanVideoTransformer3DModel: its IR input is the video latent, which the model patches
+  itself, so the visual stream is sharded inside the model (transformer_blocks.0's input, the
+  rope tables, proj_out's output) after the joint key mask is built over the full [V, T]; under
+  SP the refined text is token-sharded where it enters transformer_blocks.0. The token refiner
+  (context_embedder) stays replicated. The split attention is family/hunyuan_video_attention.py's.
 - The Llama program returns hidden_states[-(SKIP_LAYERS + 1)] (the pipeline's num_hidden_layers_to_skip
   = 2) of an unmasked causal run over right-padded ids: causal attention and positions
   0..L-1 make every valid row independent of the padding after it.
@@ -19,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from difflet.codegen.attention import joint_bounded_attention
-from difflet.codegen.family.decl import ClassDecl, ProbeDecl
+from difflet.codegen.family.decl import ClassDecl, ProbeDecl, SplitDecl
 from difflet.codegen.family.probe_feature import FeatureProbe
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op, RuntimeType
@@ -157,9 +162,22 @@ class HunyuanVideoProbe(FeatureProbe):
         return self.norm1(self.x_embedder(named["hidden_states"]), emb=temb)[0]
 
 
+def _split_processor(*args):
+    # imported when a split is built: it pulls in torch.distributed, which unsplit programs never need
+    from difflet.codegen.family.hunyuan_video_attention import HunyuanVideoSplitAttnProcessor
+
+    return HunyuanVideoSplitAttnProcessor(*args)
+
+
 CLASSES = {
-    DENOISER: ClassDecl(processor=HunyuanVideoBoundedAttnProcessor, wrapper=HunyuanVideoProgram,
-                        probe=ProbeDecl(inputs=("hidden_states", "timestep", "pooled_projections", "guidance"),
-                                        build=HunyuanVideoProbe)),
+    DENOISER: ClassDecl(
+        processor=HunyuanVideoBoundedAttnProcessor, wrapper=HunyuanVideoProgram,
+        split=SplitDecl(visual_inputs={}, visual_outputs={},  # a 5-d latent: sharded in the model
+                        sp_entries=(),  # the text is SP-sharded where it enters the blocks (sp_inputs)
+                        joint_prefixes=("single_transformer_blocks.",), processor=_split_processor,
+                        stream_entries={"transformer_blocks.0": 1}, stream_exits={"proj_out": 1},
+                        cp_tables={"rope": 0}, sp_inputs={"transformer_blocks.0": 1}),
+        probe=ProbeDecl(inputs=("hidden_states", "timestep", "pooled_projections", "guidance"),
+                        build=HunyuanVideoProbe)),
     "transformers.LlamaModel": ClassDecl(wrapper=_llama_program),
 }

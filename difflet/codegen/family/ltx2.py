@@ -49,7 +49,8 @@ _SPECIAL = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3}
 
 def left_padding_mask(valid_text: torch.Tensor, length: int) -> torch.Tensor:
     """[1, length] int64 attention mask of a left-padded prompt with `valid_text` real tokens."""
-    positions = torch.arange(length, dtype=torch.int64).unsqueeze(0)
+    # on valid_text's device: a program moved to an accelerator (XLA, Neuron) holds no CPU tensors
+    positions = torch.arange(length, dtype=torch.int64, device=valid_text.device).unsqueeze(0)
     return (positions >= length - valid_text.reshape(1, 1)).to(torch.int64)
 
 
