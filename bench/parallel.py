@@ -18,6 +18,7 @@ import argparse
 import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -231,6 +232,7 @@ def main(argv=None):
     ap.add_argument("--steps", action="store_true", help="only the denoiser step time per configuration")
     ap.add_argument("--models", default=",".join(STEP_MODELS),
                     help=f"families' tiny descriptions for the step table (default: {','.join(STEP_MODELS)})")
+    ap.add_argument("--out", help="with --steps: also write the step table to OUT.json and OUT.md")
     a = ap.parse_args(argv)
     models = [m.strip() for m in a.models.split(",") if m.strip()]
     unknown = sorted(set(models) - set(STEP_MODELS))
@@ -241,6 +243,9 @@ def main(argv=None):
     if a.steps:
         print(json.dumps(steps, indent=1))
         _print_steps(steps)
+        if a.out:
+            Path(a.out + ".json").write_text(json.dumps(steps, indent=1) + "\n")
+            Path(a.out + ".md").write_text(_steps_md(steps) + "\n")
         return
     h, d = 8, 64
     mem_seqs, t_mem = ((512, 2048) if a.quick else (1024, 2048, 4096)), 256
@@ -268,11 +273,15 @@ def main(argv=None):
     _print_steps(steps)
 
 
+def _steps_md(steps) -> str:
+    return ("### Denoiser call per configuration and family (random:0 tiny models, eager split rank "
+            "modules, 1 thread per rank; every configuration the planner calls legal on cpu and codegen "
+            "builds)\n\n" + _table(steps["rows"], ["model", "visual", "text", "config", "attention", "ranks",
+                                                 "step_ms", "ratio_to_tp1"]))
+
+
 def _print_steps(steps):
-    print("\n### Denoiser call per configuration and family (random:0 tiny models, eager split rank "
-          "modules, 1 thread per rank; every configuration the planner calls legal on cpu and codegen builds)\n")
-    print(_table(steps["rows"], ["model", "visual", "text", "config", "attention", "ranks", "step_ms",
-                                 "ratio_to_tp1"]))
+    print("\n" + _steps_md(steps))
 
 
 if __name__ == "__main__":
