@@ -23,6 +23,15 @@ from difflet.codegen.split_layout import build_rank_module, layout_of
 from difflet.ir.nodes import Node
 
 
+def rank_module(node: Node, ckpt: str | os.PathLike, groups):
+    """This rank's program module: a cfg layout's (codegen/cfg_program.py) or a tp/cp split's."""
+    if int(layout_of(node).attrs.get("cfg", 1)) > 1:
+        from difflet.codegen.cfg_program import build_cfg_rank_module
+
+        return build_cfg_rank_module(node, ckpt, groups)
+    return build_rank_module(node, ckpt, groups)
+
+
 def degrees(node: Node) -> dict[str, int]:
     """The degrees one replica's programs are built for: dp is always 1 here (a data-parallel
     layout is the same program on every replica; the runtime starts dp model processes)."""
@@ -62,7 +71,7 @@ def _compile_rank(rank: int, world_size: int, module_bytes: bytes, name: str, ck
     node = binary.decode(module_bytes).component(name)
     groups = make_groups(degrees(node))  # first group creation in this process: names match loaders
     be = get_backend(backend)
-    pm = build_rank_module(node, ckpt, groups)
+    pm = rank_module(node, ckpt, groups)
     _, created = Store(store_root).get_or_create(
         backend, rank_key(node.attrs["cache_key"], rank, world_size),
         lambda tmp: be.compile_entry(node, pm, tmp), directory=True)
@@ -91,7 +100,7 @@ def rank_weights(node: Node, ckpt: str | os.PathLike, entry: Path, rank: int, ba
     """Rank `rank`'s presharded constants for the program in `entry`."""
     from difflet.codegen.backends import get_backend
 
-    pm = build_rank_module(node, ckpt, static_groups(node, rank))
+    pm = rank_module(node, ckpt, static_groups(node, rank))
     return get_backend(backend).program_weights(pm, entry)
 
 
@@ -114,7 +123,7 @@ def load_eager_rank(rank: int, groups, module_bytes: bytes, name: str, ckpt: str
     """Worker loader: the rank's uncompiled split module (same numerics as its program)."""
     from difflet.ir import binary
 
-    return build_rank_module(binary.decode(module_bytes).component(name), ckpt, groups)
+    return rank_module(binary.decode(module_bytes).component(name), ckpt, groups)
 
 
 def split_program(node: Node, backend: str, programs: list[Path], weights: list[Path], **kw):
