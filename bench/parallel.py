@@ -1,7 +1,8 @@
 """Benchmark distributed joint attention: K/V bytes per rank, mode times on gloo ranks, and
 bounded attention vs dense-mask SDPA; and whole denoiser step time per parallel configuration
-(flux-tiny4 split by codegen's split_layout, eager) as a ratio to TP1. Prints JSON, then
-markdown tables. Never a test.
+(flux-tiny4 split by codegen's split_layout, eager) as a ratio to TP1; and a true-CFG step
+(both guidance passes) of qwen-image-tiny under a cfg2 layout vs sequential CFG on the same
+number of ranks. Prints JSON, then markdown tables. Never a test.
 
 K/V bytes are what each mode's kernel calls actually hold at once (the `report` the joint
 attention functions fill from their tensors), measured on real gloo ranks at each CP size.
@@ -10,6 +11,7 @@ Times are wall-clock on this host's CPU over gloo loopback: read them as ratios 
   python bench/parallel.py            # default sizes (about a minute on 2 idle cores)
   python bench/parallel.py --quick    # smaller sizes
   python bench/parallel.py --steps    # only the denoiser step table
+  python bench/parallel.py --cfg      # only the CFG-parallel vs sequential CFG table
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from difflet.parallel.launch import run_ranks
+from parallel_cfg import bench_cfg  # bench/ is on sys.path when run as a script
 
 MODES = ("gather_kv", "ulysses", "ring")
 
@@ -198,8 +201,14 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes")
     ap.add_argument("--steps", action="store_true", help="only the denoiser step time per configuration")
+    ap.add_argument("--cfg", action="store_true", help="only the CFG-parallel vs sequential CFG step time")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if a.cfg:
+        cfg = bench_cfg(128 if a.quick else 256, 3 if a.quick else 5)
+        print(json.dumps(cfg, indent=1))
+        _print_cfg(cfg)
+        return
     steps = bench_steps(64 if a.quick else 128, 3 if a.quick else 5)
     if a.steps:
         print(json.dumps(steps, indent=1))
@@ -213,7 +222,8 @@ def main(argv=None):
     result = {"memory": bench_memory((2, 4), 4, t_mem, d, mem_seqs),
               "times_4_ranks": bench_times(4, h, t_time, d, time_seqs, 3 if a.quick else 5),
               "mask": bench_mask(h, 64, d, mask_seqs, 3 if a.quick else 5),
-              "steps": steps, "torch": torch.__version__, "threads_per_rank": 1}
+              "steps": steps, "cfg": bench_cfg(128 if a.quick else 256, 3 if a.quick else 5),
+              "torch": torch.__version__, "threads_per_rank": 1}
     for r in result["memory"]:
         r["gather_kv/ulysses"] = r["gather_kv_kv_bytes"] / r["ulysses_kv_bytes"]
         r["gather_kv/ring"] = r["gather_kv_kv_bytes"] / r["ring_kv_bytes"]
@@ -229,6 +239,14 @@ def main(argv=None):
     print(_table(result["mask"], ["seq", "bounded_ms", "sdpa_mask_ms", "sdpa/bounded", "mask_bytes",
                                   "bounds_bytes", "max_abs_diff"]))
     _print_steps(steps)
+    _print_cfg(result["cfg"])
+
+
+def _print_cfg(cfg):
+    print(f"\n### True-CFG step, cfg2 layout vs sequential CFG on as many ranks ({cfg['model']}, "
+          f"{cfg['visual_tokens']} visual + {cfg['text_tokens']} text tokens, eager, 1 thread per rank)\n")
+    print(_table(cfg["rows"], ["ranks", "cfg_layout", "cfg_step_ms", "sequential_layout", "sequential_step_ms",
+                               "cfg/sequential"]))
 
 
 def _print_steps(steps):
