@@ -246,7 +246,7 @@ def _print_cfg(cfg):
     print(f"\n### True-CFG step, cfg2 layout vs sequential CFG on as many ranks ({cfg['model']}, "
           f"{cfg['visual_tokens']} visual + {cfg['text_tokens']} text tokens, eager, 1 thread per rank)\n")
     print(_table(cfg["rows"], ["ranks", "cfg_layout", "cfg_step_ms", "sequential_layout", "sequential_step_ms",
-                               "cfg/sequential"]))
+                               "cfg/sequential", "tp1_step_ms", "cfg/tp1", "sequential/tp1"]))
 
 
 def _print_steps(steps):

@@ -63,11 +63,14 @@ def bench_cfg(side, reps):
 
     store = tempfile.mkdtemp(prefix="difflet-bench-")
     ckpt = str(resolve_weights(_plan_qwen("tp1", side), "random:0", store))
+    one = run_ranks(_rank_cfg_steps, 1, ("tp1",), ckpt, side, reps, timeout=1200)[0]["tp1"]
+    tp1_ms = 1e3 * statistics.median(one)  # sequential CFG on one rank: what both layouts divide
     rows = []
     for cfg, seq, world in CFG_PAIRS:
         per_rank = run_ranks(_rank_cfg_steps, world, (seq, cfg), ckpt, side, reps, timeout=1200)
         ms = {p: 1e3 * statistics.median(max(r[p][i] for r in per_rank) for i in range(reps)) for p in (seq, cfg)}
         rows.append({"ranks": world, "cfg_layout": cfg, "cfg_step_ms": ms[cfg], "sequential_layout": seq,
-                     "sequential_step_ms": ms[seq], "cfg/sequential": ms[cfg] / ms[seq]})
+                     "sequential_step_ms": ms[seq], "cfg/sequential": ms[cfg] / ms[seq],
+                     "tp1_step_ms": tp1_ms, "cfg/tp1": ms[cfg] / tp1_ms, "sequential/tp1": ms[seq] / tp1_ms})
     return {"model": "qwen-image-tiny", "height": side, "width": side, "visual_tokens": (side // 8) ** 2,
             "text_tokens": 16, "rows": rows}
