@@ -1,7 +1,7 @@
 """CFG parallelism compiled and served: a `tp1+cfg2` artifact (cfg group 0 = rank 0 runs the
 conditional pass, group 1 = rank 1 the unconditional one, both predictions gathered; the family's
 own CFG formula on the host) serves the output of the same model's TP1 artifact, which runs the two
-passes one after the other.
+passes one after the other; so does qwen-image-tiny's `tp2+cfg2` (each group a compiled tp2 pair).
 
 Oracle: the TP1 artifact in this process (ModelRunner, the code the model process runs) with the
 same request. Each cfg rank runs the very TP1 program's computation on one pass's inputs and the
@@ -24,20 +24,18 @@ MODELS = ("qwen-image-tiny", "wan2.1-tiny", "ltx2-tiny")
 
 @pytest.fixture(scope="module")
 def arts(tmp_path_factory, difflet_test_store):
-    """model -> {"tp1": ART, "tp1+cfg2": ART}, compiled on first use (programs from the store)."""
+    """(model, parallel) -> ART, compiled on first use (programs from the store)."""
     from difflet.runtime.demo import compile_model, quiet_libraries
 
     quiet_libraries()
     root, built = tmp_path_factory.mktemp("cfg-arts"), {}
 
-    def get(model: str) -> dict:
-        if model not in built:
-            built[model] = {}
-            for parallel in ("tp1", "tp1+cfg2"):
-                art = root / f"{model}-{parallel}"
-                compile_model(model, art, difflet_test_store, parallel=parallel)
-                built[model][parallel] = art
-        return built[model]
+    def get(model: str, parallel: str):
+        if (model, parallel) not in built:
+            art = root / f"{model}-{parallel}"
+            compile_model(model, art, difflet_test_store, parallel=parallel)
+            built[model, parallel] = art
+        return built[model, parallel]
     return get
 
 
@@ -79,15 +77,16 @@ def _tp1_outputs(art, negatives) -> list[np.ndarray]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", MODELS)
-def test_cfg2_served_through_difflet_runtime_equals_the_tp1_output(arts, model):
-    """The real server (difflet-runtime, its model process starting the 2 rank workers) on the
-    tp1+cfg2 artifact, over gRPC, with the family's default and a custom negative prompt."""
+@pytest.mark.parametrize("model, parallel", [(m, "tp1+cfg2") for m in MODELS]
+                         + [("qwen-image-tiny", "tp2+cfg2")])  # each cfg group a compiled tp2 pair
+def test_cfg2_served_through_difflet_runtime_equals_the_tp1_output(arts, model, parallel):
+    """The real server (difflet-runtime, its model process starting the cfg x inner rank
+    workers) on the cfg2 artifact, over gRPC, with the family's default and a custom negative
+    prompt."""
     from difflet.runtime import client
     from difflet.runtime.demo import launch_server, read_line, stop_server
 
-    art = arts(model)
-    proc = launch_server(art["tp1+cfg2"])
+    proc = launch_server(arts(model, parallel))
     try:
         read_line(proc, "model process 0 ready: ")
         address = read_line(proc, "listening on ")
@@ -95,9 +94,9 @@ def test_cfg2_served_through_difflet_runtime_equals_the_tp1_output(arts, model):
                   for n in (None, NEGATIVE)]
     finally:
         stop_server(proc)
-    want = _tp1_outputs(art["tp1"], (None, NEGATIVE))
+    want = _tp1_outputs(arts(model, "tp1"), (None, NEGATIVE))
     for got, ref, what in zip(served, want, ("default negative prompt", f"negative prompt {NEGATIVE!r}")):
-        _assert_same(got, ref, f"{model} tp1+cfg2 vs tp1, {what}")
+        _assert_same(got, ref, f"{model} {parallel} vs tp1, {what}")
     # the custom negative prompt reached the unconditional group: it changes the output
     assert not np.array_equal(served[0], served[1])
 
@@ -107,10 +106,9 @@ def test_cfg2_runner_calls_the_denoiser_once_per_step_tp1_twice(arts):
     """Both passes in one program call per step under cfg2 (host/cfg.py), two calls under TP1."""
     from difflet.runtime.runner import ModelRunner
 
-    art = arts("qwen-image-tiny")
     counts, outputs = {}, {}
     for parallel in ("tp1", "tp1+cfg2"):
-        runner = ModelRunner.from_artifacts(art[parallel])
+        runner = ModelRunner.from_artifacts(arts("qwen-image-tiny", parallel))
         try:
             program, calls = runner.env.programs["transformer"], []
 
