@@ -1,17 +1,14 @@
 """The true-CFG step of bench/parallel.py: qwen-image-tiny's two guidance passes per step under a
-cfg2 layout (codegen's cfg rank modules, one call: each cfg group runs one pass) vs sequential
-CFG (two calls of the split program) on the same number of gloo ranks. Eager modules, 1 thread
-per rank; times are the slowest rank's, median over reps. Run through `python bench/parallel.py
+cfg2 layout (the runtime's CfgProgram, one call: two replicas of the inner program, one pass
+each, at once) vs sequential CFG (two calls of the split program) on the same number of gloo
+ranks. Eager rank modules in resident workers, 1 thread per rank; times are host wall time per
+step (inputs sent, outputs back), median over reps. Run through `python bench/parallel.py
 --cfg`; never a test.
 """
 from __future__ import annotations
 
 import statistics
 import time
-
-import torch
-
-from difflet.parallel.launch import run_ranks
 
 # (cfg layout, sequential layout on as many ranks): both passes per step, each way
 CFG_PAIRS = [("tp1+cfg2", "tp2", 2), ("tp2+cfg2", "tp4", 4)]
@@ -28,47 +25,43 @@ def _plan_qwen(parallel, side):
                     target="cpu")
 
 
-def _rank_cfg_steps(rank, world, configs, ckpt, side, reps):
-    """Per config: this rank's seconds per true-CFG step (one cfg call, or two sequential calls)."""
-    import torch.distributed as dist
+def _step_seconds(parallel, ckpt, side, reps):
+    """Seconds per true-CFG step (median) of `parallel`'s eager program, timed on the host: a cfg
+    layout's CfgProgram in one call (both groups at once), any other layout's SplitProgram twice."""
     from difflet.codegen.build import example_inputs
-    from difflet.codegen.split_codegen import degrees, rank_module
-    from difflet.parallel.groups import make_groups
+    from difflet.codegen.cfg_program import eager_cfg_program
+    from difflet.codegen.split_codegen import eager_split_program
 
-    out = {}
-    for parallel in configs:
-        node = _plan_qwen(parallel, side).component("transformer")
-        pm = rank_module(node, ckpt, make_groups(degrees(node)))
-        x = example_inputs(node)  # a cfg node's inputs include the unconditional twins
-        calls = [x] if "cfg" in parallel else [x, (x[0], x[1].flip(1), x[2], x[3])]
-        with torch.no_grad():
+    module = _plan_qwen(parallel, side)
+    node = module.component("transformer")
+    x = example_inputs(node)  # a cfg node's inputs include the unconditional twins
+    cfg = "cfg" in parallel
+    calls = [x] if cfg else [x, (x[0], x[1].flip(1), x[2], x[3])]
+    start = eager_cfg_program if cfg else eager_split_program
+    with start(module, node, ckpt, timeout=1200) as prog:
+        for c in calls:
+            prog(*c)  # warm-up
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
             for c in calls:
-                pm(*c)  # warm-up
-            times = []
-            for _ in range(reps):
-                dist.barrier()
-                t0 = time.perf_counter()
-                for c in calls:
-                    pm(*c)
-                times.append(time.perf_counter() - t0)
-        out[parallel] = times
-    return out
+                prog(*c)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def bench_cfg(side, reps):
-    """True-CFG step ms (slowest rank, median): cfg2 layout vs sequential CFG at equal ranks."""
+    """True-CFG step ms (host wall time, median): cfg2 layout vs sequential CFG at equal ranks."""
     import tempfile
 
     from difflet.codegen.checkpoint import resolve_weights
 
     store = tempfile.mkdtemp(prefix="difflet-bench-")
     ckpt = str(resolve_weights(_plan_qwen("tp1", side), "random:0", store))
-    one = run_ranks(_rank_cfg_steps, 1, ("tp1",), ckpt, side, reps, timeout=1200)[0]["tp1"]
-    tp1_ms = 1e3 * statistics.median(one)  # sequential CFG on one rank: what both layouts divide
+    tp1_ms = 1e3 * _step_seconds("tp1", ckpt, side, reps)  # sequential CFG on one rank: what both layouts divide
     rows = []
     for cfg, seq, world in CFG_PAIRS:
-        per_rank = run_ranks(_rank_cfg_steps, world, (seq, cfg), ckpt, side, reps, timeout=1200)
-        ms = {p: 1e3 * statistics.median(max(r[p][i] for r in per_rank) for i in range(reps)) for p in (seq, cfg)}
+        ms = {p: 1e3 * _step_seconds(p, ckpt, side, reps) for p in (seq, cfg)}
         rows.append({"ranks": world, "cfg_layout": cfg, "cfg_step_ms": ms[cfg], "sequential_layout": seq,
                      "sequential_step_ms": ms[seq], "cfg/sequential": ms[cfg] / ms[seq],
                      "tp1_step_ms": tp1_ms, "cfg/tp1": ms[cfg] / tp1_ms, "sequential/tp1": ms[seq] / tp1_ms})

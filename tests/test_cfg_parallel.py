@@ -1,10 +1,10 @@
-"""CFG parallelism compiled and served: a `tp1+cfg2` artifact (cfg group 0 = rank 0 runs the
-conditional pass, group 1 = rank 1 the unconditional one, both predictions gathered; the family's
-own CFG formula on the host) serves the output of the same model's TP1 artifact, which runs the two
+"""CFG parallelism compiled and served: a `tp1+cfg2` artifact (two replicas of the TP1 denoiser
+program, reused from the TP1 codegen: cfg group 0 = rank 0 runs the conditional pass, group 1 =
+rank 1 the unconditional one at the same time; the family's own CFG formula on the host) serves the output of the same model's TP1 artifact, which runs the two
 passes one after the other; so does qwen-image-tiny's `tp2+cfg2` (each group a compiled tp2 pair).
 
 Oracle: the TP1 artifact in this process (ModelRunner, the code the model process runs) with the
-same request. Each cfg rank runs the very TP1 program's computation on one pass's inputs and the
+same request. Each cfg group runs the very TP1 (tp2) program on one pass's inputs and the
 host formula is shared, so outputs are identical up to kernel rounding: images by
 oracle_util.images_close; videos per decoded MP4 frame >= 60 dB (H.264 may move a few pixels on a
 one-level change). A negative prompt that does not reach the unconditional group would change the
@@ -37,6 +37,22 @@ def arts(tmp_path_factory, difflet_test_store):
             built[model, parallel] = art
         return built[model, parallel]
     return get
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", MODELS)
+def test_cfg2_codegen_after_tp1_compiles_nothing_for_the_denoiser(arts, tmp_path, difflet_test_store, model):
+    """A cfg2 denoiser's program is the TP1 one (same cache key): both groups load the TP1 store
+    entry, and the artifact holds one program and one weights file for it."""
+    from difflet.runtime.demo import compile_model
+
+    arts(model, "tp1")  # the TP1 artifact: its denoiser program is in the store now
+    result = compile_model(model, tmp_path / "art", difflet_test_store, parallel="tp1+cfg2")
+    assert "transformer" in result.reused and "transformer" not in result.compiled
+    entry = result.manifest.components["transformer"]
+    assert (entry.cfg, entry.world) == (2, 1)
+    assert sorted(p.name for p in (tmp_path / "art" / "weights").glob("transformer.*")) == \
+        ["transformer.rank0.safetensors"]
 
 
 def _frames(reply_or_result) -> np.ndarray:

@@ -68,6 +68,17 @@ def test_cond_view_is_the_inner_single_pass_component(qwen):
     assert (la["cfg"], la["world"], la["tp"], la["cp"]) == (1, 1, 1, 1)
 
 
+@pytest.mark.parametrize("inner", ["tp1", "tp2"])
+def test_the_inner_view_keys_as_the_plan_without_cfg(qwen, inner):
+    """codegen compiles cond_view under its own key: equal to the plain plan's, so a cfg2 artifact
+    reuses that plan's programs (placement folded to the inner layout's, as plan-parallel places it)."""
+    from difflet.passes.cache_key import keyed
+
+    cfg = optimize(qwen, f"{inner}+cfg2", **PINNED)
+    plain = optimize(qwen, inner, **PINNED).component("transformer")
+    assert keyed(cfg, cond_view(cfg.component("transformer"))) == plain
+
+
 def test_replanning_without_cfg_drops_the_twins_and_other_components_are_untouched(qwen):
     cfg = optimize(qwen, "tp1+cfg2", **PINNED)
     again = optimize(cfg, "tp1", **PINNED)

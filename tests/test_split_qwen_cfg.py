@@ -1,8 +1,8 @@
 """TP2+CFG2 for a model with true CFG: qwen-image-tiny planned at `tp2+cfg2` (cpu) on 4 gloo ranks,
-each rank's module built exactly as codegen builds it (split_codegen.rank_module: cfg group 0 =
-ranks 0, 1, a tp2 pair, runs the prompt; group 1 = ranks 2, 3 the negative prompt, from the
-`uncond_*` twin inputs with their own valid_text), called ONCE with both passes' inputs. Every
-rank returns both predictions, which must equal the UNSPLIT diffusers QwenImageTransformer2DModel
+as the runtime loads it (codegen/cfg_program.py: a CfgProgram over two replicas of the tp2 inner
+program, eager here; cfg group 0 = ranks 0, 1 runs the prompt, group 1 = ranks 2, 3 the negative
+prompt from the `uncond_*` twin inputs with their own valid_text), called ONCE with both passes'
+inputs. It returns both predictions, which must equal the UNSPLIT diffusers QwenImageTransformer2DModel
 run once per prompt (text padding masked with diffusers' own encoder_hidden_states_mask); the
 combination QwenImagePipeline applies is then the host's (runtime/host/qwen_image.py), written out
 here as the oracle and applied to both sides:
@@ -16,7 +16,6 @@ import torch
 
 from difflet.codegen.split_layout import layout_of
 from difflet.ir.nodes import Op
-from difflet.parallel.launch import run_ranks
 
 QWEN_TINY = Path(__file__).resolve().parent.parent / "models" / "qwen-image-tiny.dsl"
 T, GRID, SCALE, TOL = 16, 8, 4.0, 1e-4
@@ -58,17 +57,19 @@ def _combine(cond, neg):
     return comb * (torch.norm(cond, dim=-1, keepdim=True) / torch.norm(comb, dim=-1, keepdim=True))
 
 
-def _cfg_body(rank, world, ckpt):
-    from difflet.codegen.split_codegen import degrees, rank_module
-    from difflet.parallel.groups import make_groups
+def _cfg_outputs(ckpt):
+    """The cfg program's outputs per pair: codegen_cfg's CfgProgram over two eager tp2 replicas."""
+    from difflet.codegen.cfg_program import eager_cfg_program
+    from difflet.frontend.lower import lower_file
+    from difflet.passes.pipeline import optimize
 
-    node = _plan("tp2+cfg2")
+    module = optimize(lower_file(str(QWEN_TINY)), parallel="tp2+cfg2", target="cpu")
+    node = module.component("transformer")
     assert [n.name for n in node.find(Op.INPUT)][4:] == ["uncond_encoder_hidden_states", "uncond_valid_text"]
-    groups = make_groups(degrees(node))  # tp innermost: ranks {0,1} prompt, {2,3} negative prompt
-    assert groups.ranks["cfg"] in layout_of(node).attrs["groups"]["cfg"]
-    pm = rank_module(node, ckpt, groups)
-    with torch.no_grad():
-        return [pm(*_cfg_call(node, pair)) for pair in PAIRS]
+    assert layout_of(node).attrs["groups"]["cfg"] == ((0, 2), (1, 3))  # tp innermost: {0,1} prompt, {2,3} negative
+    with eager_cfg_program(module, node, ckpt, timeout=900) as prog:
+        assert [p.world for p in prog.groups] == [2, 2]
+        return [prog(*_cfg_call(node, pair)) for pair in PAIRS]
 
 
 def test_tp2_cfg2_true_cfg_equals_unsplit_diffusers_pipeline_combine(difflet_test_store):
@@ -91,13 +92,13 @@ def test_tp2_cfg2_true_cfg_equals_unsplit_diffusers_pipeline_combine(difflet_tes
             want.append(_combine(cond, neg))
             cond_only.append(cond)
             neg_only.append(neg)
-    got = run_ranks(_cfg_body, 4, str(ckpt), timeout=900)
+    got = [_cfg_outputs(str(ckpt))]  # rank 0 of each group returns its pass's full prediction
     err = 0.0
-    for r, outs in enumerate(got):
+    for outs in got:
         for pair, (g_cond, g_neg), w, c, n in zip(PAIRS, outs, want, cond_only, neg_only):
             e = max((g_cond - c).abs().max().item(), (g_neg - n).abs().max().item(),
                     (_combine(g_cond, g_neg) - w).abs().max().item())
-            assert e <= TOL, f"rank {r} (valid_text prompt, negative) = {pair}: max abs {e:.2e}"
+            assert e <= TOL, f"(valid_text prompt, negative) = {pair}: max abs {e:.2e}"
             err = max(err, e)
     # the passes differ far more than the split error: swapped or ignored branches could not pass
     moved = min((c - n).abs().max().item() for c, n in zip(cond_only, neg_only))

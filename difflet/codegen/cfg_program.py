@@ -1,62 +1,58 @@
-"""The rank program of a CFG-parallel (cfg2) denoiser: each cfg group runs one guidance pass.
+"""A cfg2 denoiser's programs: the inner layout's programs, compiled once, run as two replicas.
 
 Invariants:
-- world = cfg x inner (tp/cp) ranks, groups from `make_groups` (cfg outside cp and tp): cfg
-  group 0 runs the conditional pass on the IR's original inputs, group 1 the unconditional pass
-  on the same inputs with the `uncond_*` twins (difflet/passes/cfg_branch.py) in their place.
-- Inside a group the program is exactly the inner layout's program (`cond_view`: twins dropped,
-  cfg folded away): the unsplit program when the inner world is 1 (any class), else
-  split_layout's tp/cp rank module over this rank's tp/cp groups. So weights are the inner
-  program's, and rank r and r + inner hold the same shards.
-- The groups' predictions meet in one all-gather over the cfg group (as xDiT's CFG parallel
-  does); every rank returns (cond outputs..., uncond outputs...) in the IR's output order, the
-  full tensors, so the program keeps the unsplit call convention. Combining them is the
-  family's formula on the host (runtime/host/cfg.py), never inside the program.
+- The program codegen compiles for a cfg2 component is its inner layout's (`inner_node`:
+  passes/cfg_branch.py `cond_view`, keyed by passes/cache_key.py `keyed`), node and cache key
+  equal to the same inner layout planned without cfg: a tp1+cfg2 artifact reuses the TP1
+  denoiser's store entry, tp2+cfg2 the tp2 rank entries, and writes the same files (one
+  program and weights file per inner rank, shared by both cfg groups).
+- At load time the two cfg groups are two SplitPrograms of that inner program (world 1
+  included), composed by parallel/cfg_program.py's CfgProgram: group g's rank r is global rank
+  g x inner world + r (cfg outside cp and tp, as `make_groups` orders the axes).
 """
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
-import torch
+import msgspec
 
-from difflet.codegen.program import program_inputs
 from difflet.errors import DiffletError
-from difflet.ir.nodes import Node, Op
+from difflet.ir.nodes import Module, Node
 from difflet.passes.cfg_branch import cfg_degree, cond_view
 
 
-class CfgRankModule(torch.nn.Module):
-    """One rank of a cfg2 program: pick this group's pass, run the inner program, gather both."""
-
-    def __init__(self, inner: torch.nn.Module, node: Node, groups) -> None:
-        super().__init__()
-        self.inner = inner
-        self.cfg_group = groups.group("cfg")
-        self.branch = groups.index("cfg")
-        names = [v.name for v in program_inputs(node)]
-        twin = {n.attrs["twin"]: n.name for n in node.find(Op.INPUT) if n.attrs.get("branch") == "uncond"}
-        cond = [v.name for v in program_inputs(cond_view(node))]
-        picked = cond if self.branch == 0 else [twin.get(n, n) for n in cond]
-        self.index = [names.index(n) for n in picked]
-
-    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        from difflet.parallel import comm
-
-        outs = self.inner(*(inputs[i] for i in self.index))
-        # dim 0 is the batch: rows [0, B) came from cfg group 0 (cond), [B, 2B) from group 1
-        both = [comm.all_gather(y, 0, self.cfg_group).chunk(2, 0) for y in outs]
-        return tuple(c for c, _ in both) + tuple(u for _, u in both)
-
-
-def build_cfg_rank_module(node: Node, ckpt_dir: str | os.PathLike, groups) -> CfgRankModule:
-    """This rank's cfg program module (groups: the full cfg x inner RankGroups, or static ones
-    for weights only)."""
-    from difflet.codegen.split_layout import build_rank_module, unsupported_reason
+def inner_node(module: Module, node: Node) -> Node:
+    """The inner program's component of cfg component `node` of keyed `module`, with its own key."""
+    from difflet.passes.cache_key import keyed
 
     if cfg_degree(node) != 2:
         raise DiffletError(f"component {node.name!r}: cfg{cfg_degree(node)} layouts are not built "
                            "(guidance has two passes)", where=node.loc)
-    reason = unsupported_reason(node)
-    if reason:
-        raise DiffletError(f"component {node.name!r}: {reason}", where=node.loc)
-    return CfgRankModule(build_rank_module(cond_view(node), ckpt_dir, groups), node, groups).eval()
+    return keyed(module, cond_view(node))
+
+
+def inner_module(module: Module, node: Node, inner: Node) -> Module:
+    """`module` with `inner` in place of `node` (split workers find their component by name)."""
+    return msgspec.structs.replace(module, body=tuple(inner if n is node else n for n in module.body))
+
+
+def cfg_program(node: Node, backend: str, programs: list[Path], weights: list[Path], **kw):
+    """A CfgProgram over the inner program's per-rank files (one set, loaded by both groups)."""
+    from difflet.codegen.split_codegen import split_program
+    from difflet.parallel.cfg_program import CfgProgram
+
+    inner = cond_view(node)
+    return CfgProgram(node, inner, lambda g: split_program(inner, backend, programs, weights,
+                                                           first_rank=g * len(programs), **kw))
+
+
+def eager_cfg_program(module: Module, node: Node, ckpt: str | os.PathLike, **kw):
+    """A CfgProgram over uncompiled inner programs built from the checkpoint (same numerics)."""
+    from difflet.codegen.split_codegen import eager_split_program, world
+    from difflet.parallel.cfg_program import CfgProgram
+
+    inner = cond_view(node)
+    mod = inner_module(module, node, inner)
+    return CfgProgram(node, inner, lambda g: eager_split_program(mod, inner, ckpt,
+                                                                 first_rank=g * world(inner), **kw))

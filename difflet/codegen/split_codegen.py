@@ -9,7 +9,9 @@ Invariants:
 - Presharded weights are cut in this process from the full checkpoint with no process group
   (sharding needs only the rank's coordinates), written as weights/<name>.rank<r>.safetensors:
   loading never reshards.
-- `split_program_from_art` / `eager_split_program` give a `SplitProgram` with the Program call
+- A cfg layout never comes here: it is two replicas of its inner layout's programs
+  (codegen/cfg_program.py).
+- `split_program` / `eager_split_program` give a `SplitProgram` with the Program call
   convention (full tensors in, full outputs back); the visual scatter and the output gather are
   inside each rank's program (see split_layout.RankProgramModule).
 """
@@ -21,15 +23,6 @@ from pathlib import Path
 
 from difflet.codegen.split_layout import build_rank_module, layout_of
 from difflet.ir.nodes import Node
-
-
-def rank_module(node: Node, ckpt: str | os.PathLike, groups):
-    """This rank's program module: a cfg layout's (codegen/cfg_program.py) or a tp/cp split's."""
-    if int(layout_of(node).attrs.get("cfg", 1)) > 1:
-        from difflet.codegen.cfg_program import build_cfg_rank_module
-
-        return build_cfg_rank_module(node, ckpt, groups)
-    return build_rank_module(node, ckpt, groups)
 
 
 def degrees(node: Node) -> dict[str, int]:
@@ -71,7 +64,7 @@ def _compile_rank(rank: int, world_size: int, module_bytes: bytes, name: str, ck
     node = binary.decode(module_bytes).component(name)
     groups = make_groups(degrees(node))  # first group creation in this process: names match loaders
     be = get_backend(backend)
-    pm = rank_module(node, ckpt, groups)
+    pm = build_rank_module(node, ckpt, groups)
     _, created = Store(store_root).get_or_create(
         backend, rank_key(node.attrs["cache_key"], rank, world_size),
         lambda tmp: be.compile_entry(node, pm, tmp), directory=True)
@@ -100,7 +93,7 @@ def rank_weights(node: Node, ckpt: str | os.PathLike, entry: Path, rank: int, ba
     """Rank `rank`'s presharded constants for the program in `entry`."""
     from difflet.codegen.backends import get_backend
 
-    pm = rank_module(node, ckpt, static_groups(node, rank))
+    pm = build_rank_module(node, ckpt, static_groups(node, rank))
     return get_backend(backend).program_weights(pm, entry)
 
 
@@ -123,7 +116,7 @@ def load_eager_rank(rank: int, groups, module_bytes: bytes, name: str, ckpt: str
     """Worker loader: the rank's uncompiled split module (same numerics as its program)."""
     from difflet.ir import binary
 
-    return rank_module(binary.decode(module_bytes).component(name), ckpt, groups)
+    return build_rank_module(binary.decode(module_bytes).component(name), ckpt, groups)
 
 
 def split_program(node: Node, backend: str, programs: list[Path], weights: list[Path], **kw):

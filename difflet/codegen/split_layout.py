@@ -16,8 +16,8 @@ Invariants:
   attention processor, or in-model stream entries/exits and CP tables for a class that patches
   its own input) is its family's `SplitDecl`; which classes are built at all is
   difflet/passes/built.py. Built: any tp, cp (ulysses|ring|gather_kv) and sp of those classes;
-  other classes raise DiffletError naming the component. A cfg layout is built around this
-  module by codegen/cfg_program.py (split_codegen.rank_module); here it raises.
+  other classes raise DiffletError naming the component. A cfg layout is two replicas of
+  its inner layout's program (codegen/cfg_program.py); here it raises.
 """
 from __future__ import annotations
 
@@ -214,9 +214,9 @@ def build_rank_module(node: Node, ckpt_dir: str | os.PathLike, groups) -> Progra
     reason = unsupported_reason(node)
     if reason:
         raise DiffletError(f"component {node.name!r}: {reason}", where=layout_of(node).loc)
-    if int(layout_of(node).attrs.get("cfg", 1)) > 1:  # its rank module wraps this one's inner program
-        raise DiffletError(f"component {node.name!r}: a cfg layout's rank module is built by "
-                           "split_codegen.rank_module", where=layout_of(node).loc)
+    if int(layout_of(node).attrs.get("cfg", 1)) > 1:  # two replicas of cond_view's program, no rank module
+        raise DiffletError(f"component {node.name!r}: a cfg layout runs two replicas of its inner "
+                           "program (codegen/cfg_program.py), not rank modules", where=layout_of(node).loc)
     from difflet.passes.built import replica_world
 
     if replica_world(layout_of(node).attrs) == 1:  # a dp layout's replica may be one rank

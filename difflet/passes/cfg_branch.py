@@ -79,13 +79,24 @@ def add_cfg_branches(module: Module) -> Module:
 
 def cond_view(comp: Node) -> Node:
     """The component as one guidance pass sees it: twins dropped, the layout's cfg axis folded
-    away (cfg 1, world / cfg), i.e. the inner program each cfg rank group runs."""
+    away (cfg 1, world / cfg, placed on ranks / cfg as plan-parallel places that inner layout),
+    i.e. the inner layout's component, node for node the one planned without cfg (the cache key
+    attr aside: passes/cache_key.py `keyed` recomputes it)."""
+    from difflet.passes.parallel_config import ParallelConfig
+    from difflet.passes.plan_parallel import placement_groups
+
     cfg = cfg_degree(comp)
     body = []
     for n in comp.body:
         if n.attrs.get("branch") == "uncond":
             continue
         if n.op == Op.LAYOUT and cfg > 1:
-            n = msgspec.structs.replace(n, attrs=n.attrs.set(cfg=1, world=int(n.attrs["world"]) // cfg))
+            a = n.attrs
+            inner = ParallelConfig(tp=int(a["tp"]), cp=int(a["cp"]), dp=int(a["dp"]), sp=bool(a["sp"]),
+                                   attention=str(a["attention"]))
+            cores = len(a["ranks"]) // cfg
+            n = msgspec.structs.replace(n, attrs=a.set(
+                cfg=1, world=int(a["world"]) // cfg, ranks=tuple(range(cores)),
+                replicas=max(1, cores // inner.world), groups=placement_groups(inner, cores)))
         body.append(n)
     return msgspec.structs.replace(comp, body=tuple(body))
