@@ -1,8 +1,9 @@
 """Benchmark distributed joint attention: K/V bytes per rank, mode times on gloo ranks, and
 bounded attention vs dense-mask SDPA; and whole denoiser step time per parallel configuration
 per family (each family's tiny description, split by codegen's split_layout, eager) as a ratio to
-TP1. Prints JSON, then markdown tables. Never a test. CFG-parallel vs sequential CFG:
-bench/parallel_cfg.py.
+TP1; and a true-CFG step (both guidance passes) of qwen-image-tiny under a cfg2 layout vs
+sequential CFG on the same number of ranks (bench/parallel_cfg.py). Prints JSON, then markdown
+tables. Never a test.
 
 K/V bytes are what each mode's kernel calls actually hold at once (the `report` the joint
 attention functions fill from their tensors), measured on real gloo ranks at each CP size.
@@ -11,6 +12,7 @@ Times are wall-clock on this host's CPU over gloo loopback: read them as ratios 
   python bench/parallel.py            # default sizes (about a minute on 2 idle cores)
   python bench/parallel.py --quick    # smaller sizes
   python bench/parallel.py --steps    # only the denoiser step table (--models a,b: some families)
+  python bench/parallel.py --cfg      # only the CFG-parallel vs sequential CFG table
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from difflet.parallel.launch import run_ranks
+from parallel_cfg import bench_cfg  # bench/ is on sys.path when run as a script
 
 MODES = ("gather_kv", "ulysses", "ring")
 
@@ -233,12 +236,18 @@ def main(argv=None):
     ap.add_argument("--models", default=",".join(STEP_MODELS),
                     help=f"families' tiny descriptions for the step table (default: {','.join(STEP_MODELS)})")
     ap.add_argument("--out", help="with --steps: also write the step table to OUT.json and OUT.md")
+    ap.add_argument("--cfg", action="store_true", help="only the CFG-parallel vs sequential CFG step time")
     a = ap.parse_args(argv)
     models = [m.strip() for m in a.models.split(",") if m.strip()]
     unknown = sorted(set(models) - set(STEP_MODELS))
     if unknown:
         ap.error(f"--models: unknown {', '.join(unknown)} (known: {', '.join(STEP_MODELS)})")
     torch.set_num_threads(1)
+    if a.cfg:
+        cfg = bench_cfg(128 if a.quick else 256, 3 if a.quick else 5)
+        print(json.dumps(cfg, indent=1))
+        _print_cfg(cfg)
+        return
     steps = bench_steps(64 if a.quick else 128, 3 if a.quick else 5, models)
     if a.steps:
         print(json.dumps(steps, indent=1))
@@ -255,7 +264,8 @@ def main(argv=None):
     result = {"memory": bench_memory((2, 4), 4, t_mem, d, mem_seqs),
               "times_4_ranks": bench_times(4, h, t_time, d, time_seqs, 3 if a.quick else 5),
               "mask": bench_mask(h, 64, d, mask_seqs, 3 if a.quick else 5),
-              "steps": steps, "torch": torch.__version__, "threads_per_rank": 1}
+              "steps": steps, "cfg": bench_cfg(128 if a.quick else 256, 3 if a.quick else 5),
+              "torch": torch.__version__, "threads_per_rank": 1}
     for r in result["memory"]:
         r["gather_kv/ulysses"] = r["gather_kv_kv_bytes"] / r["ulysses_kv_bytes"]
         r["gather_kv/ring"] = r["gather_kv_kv_bytes"] / r["ring_kv_bytes"]
@@ -271,6 +281,14 @@ def main(argv=None):
     print(_table(result["mask"], ["seq", "bounded_ms", "sdpa_mask_ms", "sdpa/bounded", "mask_bytes",
                                   "bounds_bytes", "max_abs_diff"]))
     _print_steps(steps)
+    _print_cfg(result["cfg"])
+
+
+def _print_cfg(cfg):
+    print(f"\n### True-CFG step, cfg2 layout vs sequential CFG on as many ranks ({cfg['model']}, "
+          f"{cfg['visual_tokens']} visual + {cfg['text_tokens']} text tokens, eager, 1 thread per rank)\n")
+    print(_table(cfg["rows"], ["ranks", "cfg_layout", "cfg_step_ms", "sequential_layout", "sequential_step_ms",
+                               "cfg/sequential", "tp1_step_ms", "cfg/tp1", "sequential/tp1"]))
 
 
 def _steps_md(steps) -> str:

@@ -3,7 +3,7 @@ on 4 gloo ranks, each cfg group a tp2-split flux-tiny4), combined by cfg_combine
 unsplit true-CFG combination uncond + s * (cond - uncond) (as FluxPipeline's true_cfg_scale does).
 
 The planner refuses cfg2 for FLUX (its guidance is embedded, one pass), so the groups are made here
-directly; codegen does not build cfg layouts yet (test_split_compiled checks the refusal)."""
+directly; codegen builds cfg layouts for the true-CFG families (tests/test_cfg_parallel.py)."""
 from __future__ import annotations
 
 from pathlib import Path

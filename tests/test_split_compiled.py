@@ -184,11 +184,21 @@ def test_codegen_refuses_layouts_it_cannot_build(tmp_path):
     from difflet.frontend.lower import lower_file
     from difflet.passes.pipeline import optimize
 
-    # a dp layout builds (one replica's programs; tests/test_serving_dp.py); cfg ones do not yet
+    import msgspec
+
+    # dp and cfg layouts build (tests/test_serving_dp.py, tests/test_cfg_parallel.py); a cfg layout
+    # whose inner tp2 program is of a class without split programs, or that lacks its
+    # unconditional-branch inputs, does not
     qwen = FLUX_TINY4.parent / "qwen-image-tiny.dsl"
-    module = _only(optimize(lower_file(str(qwen)), parallel="tp1+cfg2", target="cpu"), "transformer")
-    with pytest.raises(DiffletError, match="cfg layouts"):
-        codegen(module, "random:0", tmp_path / "art", store=tmp_path / "store", log=lambda *_: None)
+    module = _only(optimize(lower_file(str(qwen)), parallel="tp2+cfg2", target="cpu"), "transformer")
+    node = module.component("transformer")
+    unbuilt = msgspec.structs.replace(node, attrs=node.attrs.set(**{"class": "diffusers.UnbuiltTransformer"}))
+    bare = msgspec.structs.replace(node, body=tuple(n for n in node.body if n.attrs.get("branch") != "uncond"))
+    for comp, reason in ((unbuilt, "split programs of diffusers.UnbuiltTransformer are not built yet"),
+                         (bare, "declares no inputs of the unconditional pass")):
+        planned = msgspec.structs.replace(module, body=tuple(comp if n is node else n for n in module.body))
+        with pytest.raises(DiffletError, match=reason):
+            codegen(planned, "random:0", tmp_path / "art", store=tmp_path / "store", log=lambda *_: None)
 
 
 def test_a_corrupt_rank_weight_file_is_refused_before_any_worker_starts(split_art, tmp_path):

@@ -1,18 +1,12 @@
-"""TP2+CFG2 for a model with true CFG: qwen-image-tiny planned at `tp2+cfg2` (cpu) on 4 gloo ranks
-equals the UNSPLIT diffusers QwenImageTransformer2DModel run twice, combined the way
-QwenImagePipeline does (true_cfg_scale with a negative prompt):
+"""TP2+CFG2 for a model with true CFG: qwen-image-tiny planned at `tp2+cfg2` (cpu) on 4 gloo ranks,
+as the runtime loads it (codegen/cfg_program.py: a CfgProgram over two replicas of the tp2 inner
+program, eager here; cfg group 0 = ranks 0, 1 runs the prompt, group 1 = ranks 2, 3 the negative
+prompt from the `uncond_*` twin inputs with their own valid_text), called ONCE with both passes'
+inputs. It returns both predictions, which must equal the UNSPLIT diffusers QwenImageTransformer2DModel
+run once per prompt (text padding masked with diffusers' own encoder_hidden_states_mask); the
+combination QwenImagePipeline applies is then the host's (runtime/host/qwen_image.py), written out
+here as the oracle and applied to both sides:
     comb = neg + s * (cond - neg);  noise = comb * (||cond|| / ||comb||)   (norms over the last dim)
-
-cfg group 0 (ranks 0, 1: a tp2 pair) runs the prompt with its valid length, cfg group 1 (ranks 2, 3)
-the negative prompt with a different valid length, both as runtime valid_text values of one
-module per rank; difflet.parallel.linears.cfg_combine_renorm combines across the cfg group. The
-oracle masks text padding with diffusers' own encoder_hidden_states_mask and applies the formula
-written out here, independent of Difflet's combine.
-
-build_rank_module refuses cfg layouts (codegen does not build them yet; test_split_compiled checks
-that), so each rank's module is made by the same steps after that guard: load the checkpoint,
-apply the tp2+cfg2 plan's layout (its tp splits; the cfg axis changes no module), wrap it as the
-rank program.
 """
 from __future__ import annotations
 
@@ -20,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from difflet.parallel.launch import run_ranks
+from difflet.codegen.split_layout import layout_of
+from difflet.ir.nodes import Op
 
 QWEN_TINY = Path(__file__).resolve().parent.parent / "models" / "qwen-image-tiny.dsl"
 T, GRID, SCALE, TOL = 16, 8, 4.0, 1e-4
@@ -39,37 +34,42 @@ def _mask(v):
 
 
 def _branches(node, pair):
-    """(prompt, negative prompt) program input tuples (hidden_states, encoder_hidden_states,
+    """(prompt, negative prompt) inputs of one pass each (hidden_states, encoder_hidden_states,
     timestep, valid_text): same latents and timestep, different text embeddings and valid_text."""
     from difflet.codegen.build import example_inputs
+    from difflet.passes.cfg_branch import cond_view
 
-    x = list(example_inputs(node))
+    x = list(example_inputs(cond_view(node)))
     neg = list(x)
     neg[1] = torch.randn(x[1].shape, generator=torch.Generator().manual_seed(3))
     x[-1], neg[-1] = torch.tensor(pair[0]), torch.tensor(pair[1])
     return tuple(x), tuple(neg)
 
 
-def _cfg_body(rank, world, ckpt):
-    from difflet.codegen.checkpoint import load_component
-    from difflet.codegen.split_codegen import degrees
-    from difflet.codegen.split_layout import RankProgramModule, apply_layout, layout_of
-    from difflet.parallel.groups import make_groups
-    from difflet.parallel.linears import cfg_combine_renorm
+def _cfg_call(node, pair):
+    """The cfg program's one call: the prompt's inputs, then the negative prompt's twins."""
+    x, neg = _branches(node, pair)
+    return (*x, neg[1], neg[3])
 
-    node = _plan("tp2+cfg2")
-    groups = make_groups(degrees(node))  # tp innermost: ranks {0,1} prompt, {2,3} negative prompt
-    la = layout_of(node).attrs
-    assert groups.ranks["cfg"] in la["groups"]["cfg"] and groups.ranks["tp"] in la["groups"]["tp"]
-    model = load_component(node, ckpt)
-    assert apply_layout(model, node, groups) > 0
-    pm = RankProgramModule(model, node, groups).eval()
-    out = []
-    with torch.no_grad():
-        for pair in PAIRS:
-            pred = pm(*_branches(node, pair)[groups.index("cfg")])[0]
-            out.append(cfg_combine_renorm(pred, groups.group("cfg"), SCALE))
-    return out
+
+def _combine(cond, neg):
+    comb = neg + SCALE * (cond - neg)
+    return comb * (torch.norm(cond, dim=-1, keepdim=True) / torch.norm(comb, dim=-1, keepdim=True))
+
+
+def _cfg_outputs(ckpt):
+    """The cfg program's outputs per pair: codegen_cfg's CfgProgram over two eager tp2 replicas."""
+    from difflet.codegen.cfg_program import eager_cfg_program
+    from difflet.frontend.lower import lower_file
+    from difflet.passes.pipeline import optimize
+
+    module = optimize(lower_file(str(QWEN_TINY)), parallel="tp2+cfg2", target="cpu")
+    node = module.component("transformer")
+    assert [n.name for n in node.find(Op.INPUT)][4:] == ["uncond_encoder_hidden_states", "uncond_valid_text"]
+    assert layout_of(node).attrs["groups"]["cfg"] == ((0, 2), (1, 3))  # tp innermost: {0,1} prompt, {2,3} negative
+    with eager_cfg_program(module, node, ckpt, timeout=900) as prog:
+        assert [p.world for p in prog.groups] == [2, 2]
+        return [prog(*_cfg_call(node, pair)) for pair in PAIRS]
 
 
 def test_tp2_cfg2_true_cfg_equals_unsplit_diffusers_pipeline_combine(difflet_test_store):
@@ -83,25 +83,25 @@ def test_tp2_cfg2_true_cfg_equals_unsplit_diffusers_pipeline_combine(difflet_tes
                            difflet_test_store)
     ref = diffusers.QwenImageTransformer2DModel.from_pretrained(str(ckpt), subfolder="transformer").eval()
     node = _plan("tp2+cfg2")
-    want, cond_only = [], []
+    want, cond_only, neg_only = [], [], []
     with torch.no_grad():
         for pair in PAIRS:
             cond, neg = (ref(hidden_states=x[0], encoder_hidden_states=x[1], encoder_hidden_states_mask=_mask(v),
                              timestep=x[2], img_shapes=[(1, GRID, GRID)], return_dict=False)[0]
                          for x, v in zip(_branches(node, pair), pair))
-            comb = neg + SCALE * (cond - neg)
-            want.append(comb * (torch.norm(cond, dim=-1, keepdim=True) / torch.norm(comb, dim=-1, keepdim=True)))
+            want.append(_combine(cond, neg))
             cond_only.append(cond)
-    got = run_ranks(_cfg_body, 4, str(ckpt), timeout=900)
+            neg_only.append(neg)
+    got = [_cfg_outputs(str(ckpt))]  # rank 0 of each group returns its pass's full prediction
     err = 0.0
-    for r, outs in enumerate(got):
-        for pair, g, w in zip(PAIRS, outs, want):
-            e = (g - w).abs().max().item()
-            assert e <= TOL, f"rank {r} (valid_text prompt, negative) = {pair}: max abs {e:.2e}"
+    for outs in got:
+        for pair, (g_cond, g_neg), w, c, n in zip(PAIRS, outs, want, cond_only, neg_only):
+            e = max((g_cond - c).abs().max().item(), (g_neg - n).abs().max().item(),
+                    (_combine(g_cond, g_neg) - w).abs().max().item())
+            assert e <= TOL, f"(valid_text prompt, negative) = {pair}: max abs {e:.2e}"
             err = max(err, e)
-    # guidance moves the output far more than the split error: a combine that dropped the negative
-    # branch (or a negative pass that ignored its own text) could not pass
-    moved = min((w - c).abs().max().item() for w, c in zip(want, cond_only))
-    print(f"tp2+cfg2 true CFG: split error {err:.2e}, guidance moves output >= {moved:.2e} "
+    # the passes differ far more than the split error: swapped or ignored branches could not pass
+    moved = min((c - n).abs().max().item() for c, n in zip(cond_only, neg_only))
+    print(f"tp2+cfg2 true CFG: split error {err:.2e}, branches differ by >= {moved:.2e} "
           f"(ratio {moved / max(err, 1e-12):.1e})")
     assert moved > 100 * max(err, 1e-7)

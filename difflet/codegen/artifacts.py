@@ -4,7 +4,8 @@ Layout (manifest.json says the same as data; its structs are difflet/codegen/man
   manifest.json                           format, model, versions, components, schedule
   module.ir                               the planned IR (difflet.ir.binary)
   programs/<name>.rank<r>.pt2             compiled programs, hard-linked from the store (one per
-                                          rank, listed under the entry's "ranks"; the probe too)
+                                          rank, listed under the entry's "ranks"; the probe too; a
+                                          cfg2 entry: its inner layout's ranks, loaded twice)
   weights/<name>.rank<r>.safetensors      each program's constants, from the checkpoint (presharded);
                                           a bucketed component's sizes share weights/<base>.rank0
                                           and keep their own <name@size>.rank0.constants
@@ -130,6 +131,11 @@ def _load_entry(root: Path, manifest: Manifest, node: Node, name: str, entry: Co
             _check_hash(root, files.weights, f"weights of {name!r}{which}")
             if files.constants is not None:
                 _check_hash(root, files.constants, f"constants of {name!r}{which}")
+    if entry.cfg > 1:
+        from difflet.codegen.cfg_program import cfg_program
+
+        return cfg_program(node, manifest.backend, [root / f.program.path for f in entry.ranks],
+                           [root / f.weights.path for f in entry.ranks])
     if entry.world > 1:
         from difflet.codegen.split_codegen import split_program
 
@@ -149,7 +155,8 @@ def _load_entry(root: Path, manifest: Manifest, node: Node, name: str, entry: Co
 
 def load_artifacts(root: str | os.PathLike, verify: bool = True) -> Artifacts:
     """Load ART/: manifest, planned module, host dir and one loaded program per manifest entry (a
-    split component: a SplitProgram whose rank workers run until `.close()` or exit; the probe:
+    split component: a SplitProgram whose rank workers run until `.close()` or exit; a cfg2
+    component: a CfgProgram over two such replicas of its inner program; the probe:
     a ProbeProgram in `.probe`)."""
     from difflet.ir import binary
 
@@ -167,5 +174,5 @@ def load_artifacts(root: str | os.PathLike, verify: bool = True) -> Artifacts:
 
             art.probe = ProbeProgram(node, loaded)
         else:
-            art.programs[name] = loaded if entry.world > 1 else Program(node, loaded)
+            art.programs[name] = loaded if entry.world > 1 or entry.cfg > 1 else Program(node, loaded)
     return art

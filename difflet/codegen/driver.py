@@ -90,6 +90,12 @@ def _world(node: Node) -> int:
     return world(node) if node.op == Op.COMPONENT else 1
 
 
+def _cfg(node: Node) -> int:
+    from difflet.passes.cfg_branch import cfg_degree
+
+    return cfg_degree(node) if node.op == Op.COMPONENT else 1
+
+
 def _log_line(name: str, created: bool, seconds: float, key: str, world: int = 1) -> str:
     ranks = f" on {world} ranks" if world > 1 else ""
     return f"{name}: {'compiled' if created else 'reused'}{ranks} in {seconds:.1f} s (key {key[:8]})"
@@ -138,12 +144,13 @@ def _codegen(module: Module, weights, out: Path, backend: str, store, log, verbo
         (result.compiled if created else result.reused).append(node.name)
         log(_log_line(node.name, created, seconds, entry.cache_key, entry.world))
 
-    missing = [n for n in nodes if _world(n) == 1 and not the_store.has(backend, n.attrs["cache_key"])]
+    missing = [n for n in nodes if _world(n) == 1 and _cfg(n) == 1 and not the_store.has(backend, n.attrs["cache_key"])]
     with CompilePool(module, missing, ckpt, the_store.root, backend, out, verbose) as pool:
         for node in nodes:
             if node not in pool:  # reused, split, or compiled here when the pool is not worth it
                 start = time.perf_counter()
-                entry, created = (_codegen_split(module, node, ckpt, the_store, backend, out) if _world(node) > 1
+                entry, created = (_codegen_cfg(module, node, ckpt, the_store, backend, out) if _cfg(node) > 1
+                                  else _codegen_split(module, node, ckpt, the_store, backend, out) if _world(node) > 1
                                   else emit_program(module, node.name, ckpt, the_store, backend, out))
                 record(node, entry, created, time.perf_counter() - start)
         for node, entry, created, seconds in pool.results():
@@ -166,20 +173,49 @@ def _codegen(module: Module, weights, out: Path, backend: str, store, log, verbo
 def _codegen_split(module: Module, comp: Node, ckpt: Path, store, backend: str, out: Path) -> tuple[Component, bool]:
     """Per-rank programs (compiled in rank workers, or reused) and presharded weights of `comp`;
     returns its manifest entry and whether it compiled."""
-    from safetensors.torch import save_file
-
-    from difflet.codegen.split_codegen import compile_split, degrees, rank_weights
-    from difflet.codegen.store import link_or_copy
+    from difflet.codegen.split_codegen import compile_split, degrees
 
     if backend == "neuron":  # one SPMD program for every rank, not a program per rank
         from difflet.codegen.neuron_spmd import emit_spmd
 
         return emit_spmd(comp, ckpt, store, out)
     entries, created = compile_split(module, comp, ckpt, store, backend)
+    return manifest_entry(comp, comp, _rank_files(comp, entries, ckpt, backend, out), world=len(entries),
+                          degrees=dict(degrees(comp))), created
+
+
+def _rank_files(comp: Node, entries: list[Path], ckpt: Path, backend: str, out: Path) -> list[RankFiles]:
+    """Link each rank's program into ART/ and write its presharded weights."""
+    from safetensors.torch import save_file
+
+    from difflet.codegen.split_codegen import rank_weights
+    from difflet.codegen.store import link_or_copy
+
     ranks = []
     for r, entry in enumerate(entries):
         prog_rel, weights_rel = program_paths(comp.name, r)
         link_or_copy(entry / "program.pt2", out / prog_rel)
         save_file(rank_weights(comp, ckpt, entry, r, backend), str(out / weights_rel))
         ranks.append(RankFiles(file_ref(out, prog_rel), file_ref(out, weights_rel)))
-    return manifest_entry(comp, comp, ranks, world=len(entries), degrees=dict(degrees(comp))), created
+    return ranks
+
+
+def _codegen_cfg(module: Module, comp: Node, ckpt: Path, store, backend: str, out: Path) -> tuple[Component, bool]:
+    """A cfg2 component: its inner layout's programs (reused from the store when the plain inner
+    plan compiled them) and that layout's weight files, once; the entry records cfg for the loader."""
+    from difflet.codegen.cfg_program import inner_module, inner_node
+    from difflet.codegen.emit import emit_node
+    from difflet.codegen.split_codegen import compile_split, degrees
+
+    inner = inner_node(module, comp)
+    if _world(inner) == 1:
+        entry, created = emit_node(inner, ckpt, store, backend, out)
+        ranks = list(entry.ranks)
+    else:
+        if backend != "inductor":
+            raise DiffletError(f"split programs of {comp.name!r} are built for the inductor backend only so far",
+                               where="--backend")
+        entries, created = compile_split(inner_module(module, comp, inner), inner, ckpt, store, backend)
+        ranks = _rank_files(inner, entries, ckpt, backend, out)
+    return manifest_entry(comp, comp, ranks, world=len(ranks), degrees=dict(degrees(inner)),
+                          cfg=_cfg(comp)), created

@@ -47,12 +47,17 @@ def manifest_entry(node: Node, view: Node, ranks: list[RankFiles], **extra: Any)
 def emit_program(module: Module, name: str, ckpt: Path, store, backend: str, out: Path) -> tuple[Component, bool]:
     """Compile (or reuse, by its cache key) the unsplit program `name` (a component or the probe)
     and write it and its weights into ART/; returns its manifest entry and whether it compiled."""
+    return emit_node(next(n for n in program_nodes(module) if n.name == name), ckpt, store, backend, out)
+
+
+def emit_node(node: Node, ckpt: Path, store, backend: str, out: Path) -> tuple[Component, bool]:
+    """`emit_program` of one node (a cfg denoiser's inner view, too: codegen/cfg_program.py)."""
     from safetensors.torch import save_file
 
     from difflet.codegen.backends import get_backend
     from difflet.codegen.store import link_or_copy
 
-    node = next(n for n in program_nodes(module) if n.name == name)
+    name = node.name
     if node.op == Op.PROBE:
         from difflet.codegen.probe import build_probe_module
 

@@ -9,7 +9,8 @@ Invariants:
 - Every compiled program is a `components` entry, the step-caching probe included (role
   "probe", `source` the component it is cut from): one load path for all programs.
 - Every entry lists its files per rank (`ranks[r]`, rank r's program and weights); an unsplit
-  program has exactly one rank. Paths are relative to ART/ (ART is self-contained).
+  program has exactly one rank. A cfg2 entry (`cfg` 2) lists its inner layout's ranks once
+  (`world`, `degrees`: the inner layout's); both cfg groups load the same files. Paths are relative to ART/ (ART is self-contained).
 """
 from __future__ import annotations
 
@@ -81,6 +82,7 @@ class Component(_Strict):
     outputs: tuple[ValueSpec, ...]
     world: int = 1
     degrees: dict[str, int] = {}  # split programs: the layout's degrees (tp, cp, ...)
+    cfg: int = 1  # > 1: `ranks` are the inner layout's programs, run as cfg replicas (one per pass)
     source: str | None = None  # the probe: the component it is cut from
 
     def __post_init__(self) -> None:

@@ -9,7 +9,9 @@ Invariants:
 - Presharded weights are cut in this process from the full checkpoint with no process group
   (sharding needs only the rank's coordinates), written as weights/<name>.rank<r>.safetensors:
   loading never reshards.
-- `split_program_from_art` / `eager_split_program` give a `SplitProgram` with the Program call
+- A cfg layout never comes here: it is two replicas of its inner layout's programs
+  (codegen/cfg_program.py).
+- `split_program` / `eager_split_program` give a `SplitProgram` with the Program call
   convention (full tensors in, full outputs back); the visual scatter and the output gather are
   inside each rank's program (see split_layout.RankProgramModule).
 """

@@ -18,7 +18,8 @@ Invariants:
   its own input, outputs and per-head RoPE tables of a stream CP replicates) is its family's
   `SplitDecl`; which classes are built at all is
   difflet/passes/built.py. Built: any tp, cp (ulysses|ring|gather_kv) and sp of those classes;
-  cfg, dp and other classes raise DiffletError naming the component.
+  other classes raise DiffletError naming the component. A cfg layout is two replicas of
+  its inner layout's program (codegen/cfg_program.py); here it raises.
 """
 from __future__ import annotations
 
@@ -260,6 +261,9 @@ def build_rank_module(node: Node, ckpt_dir: str | os.PathLike, groups) -> Progra
     reason = unsupported_reason(node)
     if reason:
         raise DiffletError(f"component {node.name!r}: {reason}", where=layout_of(node).loc)
+    if int(layout_of(node).attrs.get("cfg", 1)) > 1:  # two replicas of cond_view's program, no rank module
+        raise DiffletError(f"component {node.name!r}: a cfg layout runs two replicas of its inner "
+                           "program (codegen/cfg_program.py), not rank modules", where=layout_of(node).loc)
     from difflet.passes.built import replica_world
 
     if replica_world(layout_of(node).attrs) == 1:  # a dp layout's replica may be one rank

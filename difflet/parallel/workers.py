@@ -18,7 +18,8 @@ Invariants:
   `POLL_S` naming the rank and signal; a hang is bounded by `timeout` (and a rank whose call
   outlives it dumps its Python stack to stderr). After
   an error or `close()` the program is unusable and no worker outlives it (also on GC/exit).
-- Calls are serialized (one in flight): the ranks' collectives must pair up in order.
+- Calls are serialized (one in flight): the ranks' collectives must pair up in order. `send` /
+  `receive` split one call for a caller that overlaps programs (parallel/cfg_program.py).
 
 Compiled rank programs run with the GIL released (parallel.aoti_runner): torch's AOTI binding
 holds it across the program's collective waits while gloo's worker threads may need it (to drop a
@@ -98,12 +99,13 @@ class SplitProgram:
     """A split component's program over `world` resident rank workers (see module docstring)."""
 
     def __init__(self, node, degrees: dict, loader, per_rank_args: list[tuple], timeout: float = 300.0,
-                 threads: int = 1) -> None:
+                 threads: int = 1, first_rank: int = 0) -> None:
         import torch.multiprocessing as mp
 
         from difflet.codegen.program import Program
 
         self.world = len(per_rank_args)
+        self.first_rank = first_rank  # errors name rank r as first_rank + r (a cfg group's global rank)
         self.timeout = timeout
         self._lock = threading.Lock()
         self._broken: str | None = None
@@ -140,7 +142,7 @@ class SplitProgram:
                     dead = self._dead()
                     if dead:
                         self._broken = "rank worker " + ", ".join(
-                            f"{r} died ({_exit_text(code)})" for r, code in dead) + f" while {what}"
+                            f"{self.first_rank + r} died ({_exit_text(code)})" for r, code in dead) + f" while {what}"
                         raise RankError(self._broken) from None
                     if time.monotonic() >= end:
                         self._broken = f"rank workers did not finish {what} within {self.timeout:.0f}s"
@@ -149,8 +151,9 @@ class SplitProgram:
                 # a peer killed mid-collective surfaces as this rank's error: name the dead one
                 dead = [(r, c) for r, c in self._dead(wait=1.0, others_than=rank) if c != 0]
                 last = (data.strip().splitlines() or ["?"])[-1]
-                self._broken = (f"rank worker {dead[0][0]} died ({_exit_text(dead[0][1])}) while {what} "
-                                f"(rank {rank}: {last})" if dead else f"rank {rank} failed while {what}: {last}")
+                at = self.first_rank
+                self._broken = (f"rank worker {at + dead[0][0]} died ({_exit_text(dead[0][1])}) while {what} "
+                                f"(rank {at + rank}: {last})" if dead else f"rank {at + rank} failed while {what}: {last}")
                 raise RankError(f"{self._broken}\n{data}")
             if rank == 0:
                 payload = data
@@ -169,12 +172,21 @@ class SplitProgram:
 
     def _dispatch(self, *tensors):
         with self._lock:
-            if self._broken:
-                raise RankError(f"split program {self.name!r} is unusable: {self._broken}")
-            msg = _dumps(tuple(t.contiguous() for t in tensors))
-            for box in self._inboxes:
-                box.put(msg)
-            return _loads(self._collect("running"))
+            self.send(*tensors)
+            return self.receive()
+
+    def send(self, *tensors) -> None:
+        """Start one call on every rank without waiting (the caller serializes send/receive
+        pairs; CfgProgram starts both guidance passes before collecting either)."""
+        if self._broken:
+            raise RankError(f"split program {self.name!r} is unusable: {self._broken}")
+        msg = _dumps(tuple(t.contiguous() for t in tensors))
+        for box in self._inboxes:
+            box.put(msg)
+
+    def receive(self) -> tuple:
+        """The outputs of the call `send` started (rank 0's); RankError as `__call__`."""
+        return _loads(self._collect("running"))
 
     def __call__(self, *tensors):
         return self._program(*tensors)

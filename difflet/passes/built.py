@@ -9,10 +9,14 @@ Invariants:
   `SplitDecl` / `ProbeDecl`), present for exactly these classes (tests/test_passes_built.py).
 - A legal plan is buildable iff `reasons(planned, backend)` is empty; codegen raises the first
   reason of the component it is about to build (`layout_reason`, `probe_reason`).
+- A cfg layout is built iff its class declares its branch inputs (the twins are in the IR) and
+  its inner layout (one cfg group: world / cfg ranks) is built: an inner world of 1 is built for
+  every class (each group runs the unsplit program), a larger one needs SPLIT_BUILT.
 """
 from __future__ import annotations
 
 from difflet.ir.nodes import Module, Node, Op
+from difflet.passes.cfg_branch import has_twins
 
 SPLIT_BUILT = ("diffusers.FluxTransformer2DModel", "diffusers.QwenImageTransformer2DModel",
                "diffusers.WanTransformer3DModel", "diffusers.HunyuanVideoTransformer3DModel",
@@ -40,11 +44,13 @@ def layout_reason(comp: Node, backend: str = "inductor") -> str | None:
     if la is None or replica_world(la) == 1:
         return None
     cls = comp.attrs.get("class")
-    if cls not in SPLIT_BUILT:
+    cfg = int(la.get("cfg", 1))
+    if cfg > 1 and not has_twins(comp):
+        return (f"cfg layouts of {cls} are not built: its class declares no inputs of the unconditional "
+                "pass (difflet/passes/split_rules.py `cfg_branch`)")
+    if replica_world(la) // cfg > 1 and cls not in SPLIT_BUILT:
         built = ", ".join(c.rpartition(".")[2] for c in SPLIT_BUILT)
         return f"split programs of {cls} are not built yet (built: {built})"
-    if la.get("cfg", 1) != 1:
-        return f"cfg layouts (cfg={la.get('cfg')}) are not built by codegen yet"
     if backend not in SPLIT_BACKENDS:
         return f"split programs are built for the {', '.join(SPLIT_BACKENDS)} backends only so far, not {backend}"
     return spmd_reason(comp, la) if backend == "neuron" else None

@@ -135,15 +135,21 @@ def probe_presence(m: Module, comp: Node) -> str:
 def assign_cache_keys(m: Module, backend: str, compiler: str, difflet: str | None = None) -> Module:
     """Set attrs cache_key (and record backend/compiler/difflet versions on the module)."""
     difflet = difflet or difflet_version()
-    body = []
-    for n in m.body:
-        if n.op in (Op.COMPONENT, Op.PROBE):
-            key = digest({**key_inputs(n, backend, compiler, difflet, probe_presence(m, n)),
-                          **neuron_flags.key_part(backend, m.attrs.get("target"))})
-            n = msgspec.structs.replace(n, attrs=n.attrs.set(cache_key=key))
-        body.append(n)
+    body = [_keyed(m, n, backend, compiler, difflet) if n.op in (Op.COMPONENT, Op.PROBE) else n for n in m.body]
     attrs = m.attrs.set(backend=backend, compiler=compiler, difflet_version=difflet)
     return msgspec.structs.replace(m, attrs=attrs, body=tuple(body))
+
+
+def _keyed(m: Module, n: Node, backend: str, compiler: str, difflet: str) -> Node:
+    key = digest({**key_inputs(n, backend, compiler, difflet, probe_presence(m, n)),
+                  **neuron_flags.key_part(backend, m.attrs.get("target"))})
+    return msgspec.structs.replace(n, attrs=n.attrs.set(cache_key=key))
+
+
+def keyed(m: Module, n: Node) -> Node:
+    """`n` (a view of a component of keyed module `m`, e.g. a cfg denoiser's inner cond_view)
+    with the cache key `assign_cache_keys` gives it: the same node in a plain plan keys the same."""
+    return _keyed(m, n, m.attrs["backend"], m.attrs["compiler"], m.attrs["difflet_version"])
 
 
 def explain(m: Module) -> str:

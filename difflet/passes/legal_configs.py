@@ -1,7 +1,7 @@
 """Enumerate every parallel configuration of N cores and judge each (`difflet opt --list-legal`).
 
 Invariant: a row is judged by exactly the passes `optimize` runs before compiling
-(component_tp.resolve + plan-parallel, extract-probe, legality), so the table and `optimize`
+(component_tp.resolve + plan-parallel, extract-probe, cfg-branch, legality), so the table and `optimize`
 never disagree; each row also carries every encoder/decoder's tp and which were raised, and
 what codegen would refuse of a legal plan (difflet/passes/built.py): such a row reads
 "not-built", never "legal".
@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 from difflet.ir.nodes import Module
 from difflet.passes import built, component_tp, legality, memory
+from difflet.passes.cfg_branch import add_cfg_branches
 from difflet.passes.extract_probe import extract_probe
 from difflet.passes.parallel_config import ParallelConfig, enumerate_configs
 from difflet.passes.plan_parallel import plan_parallel
@@ -47,7 +48,7 @@ class Row:
 def judge(m: Module, opts, config: ParallelConfig) -> Row:
     target = load_target(opts.target)
     ctp, auto = component_tp.resolve(m, config, opts.component_tp, target, opts.probe)
-    planned = extract_probe(plan_parallel(m, config, ctp, auto), opts.probe)
+    planned = add_cfg_branches(extract_probe(plan_parallel(m, config, ctp, auto), opts.probe))
     found = legality.check(planned, target, opts.backend, config.world)
     return Row(config, memory.estimate(planned, target).total / memory.GIB, tuple(found),
                tuple(ctp.items()), auto, tuple(built.reasons(planned, opts.backend)))

@@ -2,7 +2,8 @@
 
 Invariants:
 - PASSES is the readable, ordered list of named passes; each is `(Module, Options) -> Module`.
-  extract-probe runs before legality so the memory rule counts the probe.
+  extract-probe runs before legality so the memory rule counts the probe; cfg-branch after it
+  (the probe watches the conditional pass) and before cache-key (the twins are program inputs).
 - Nothing here compiles or imports torch; an illegal plan raises DiffletError (naming the
   rule, component and DSL location, plus the legal configurations) before any compile.
 - The result has level "planned", attrs parallel/target/backend/compiler/difflet_version,
@@ -18,6 +19,7 @@ import msgspec
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Module, Op
 from difflet.passes import cache_key, component_tp, legality
+from difflet.passes.cfg_branch import add_cfg_branches
 from difflet.passes import model_facts as F
 from difflet.passes.extract_probe import extract_probe
 from difflet.passes.parallel_config import ParallelConfig, parse_parallel
@@ -49,6 +51,10 @@ def _plan(m: Module, o: Options) -> Module:
 
 def _probe(m: Module, o: Options) -> Module:
     return extract_probe(m, o.probe)
+
+
+def _cfg_branch(m: Module, o: Options) -> Module:
+    return add_cfg_branches(m)
 
 
 def _legality(m: Module, o: Options) -> Module:
@@ -95,6 +101,7 @@ def _verify(m: Module, o: Options) -> Module:
 PASSES: list[tuple[str, Callable[[Module, Options], Module]]] = [
     ("plan-parallel", _plan),
     ("extract-probe", _probe),
+    ("cfg-branch", _cfg_branch),  # after extract-probe: the probe reads the conditional pass only
     ("legality", _legality),
     ("cache-key", _cache_key),
     ("verify", _verify),

@@ -33,7 +33,7 @@ def component_config(comp: Node, model: ParallelConfig, component_tp: Mapping[st
     return ParallelConfig(tp=int(component_tp.get(comp.name, 1)))
 
 
-def _groups(pc: ParallelConfig, world: int) -> Attrs:
+def placement_groups(pc: ParallelConfig, world: int) -> Attrs:
     """Groups over all `world` cores; a smaller component is replicated over the rest."""
     reps = world // pc.world if pc.world and world % pc.world == 0 else 1
     out = {}
@@ -143,7 +143,7 @@ def layout_for(module: Module, comp: Node, pc: ParallelConfig, world: int) -> No
     sp_local = {k: v // pc.tp for k, v in local.items()} if pc.sp else local
     attrs = Attrs(
         tp=pc.tp, cp=pc.cp, cfg=pc.cfg, dp=pc.dp, sp=pc.sp, attention=pc.attention, world=pc.world,
-        ranks=tuple(range(world)), replicas=max(1, world // pc.world), groups=_groups(pc, world),
+        ranks=tuple(range(world)), replicas=max(1, world // pc.world), groups=placement_groups(pc, world),
         tokens=Attrs(full), local_tokens=Attrs(local), sp_tokens=Attrs(sp_local),
         joint_order=JOINT_ORDER if is_den and any(s.attrs.get("kind") == "joint"
                                                   for s in F.attention_sites(comp)) else (),

@@ -12,6 +12,9 @@ Invariants:
 - `heads_norm_across`: q/k norms over all heads (Wan, LTX-2): under TP their sum of squares
   needs an all-reduce over the tp group.
 - `probe`: the modules extract-probe keeps: input projections and first-block norm/modulation.
+- `cfg_branch`: the inputs whose value differs between the conditional and unconditional pass
+  of the family's CFG (passes/cfg_branch.py twins them under cfg2); the host step feeds them
+  (difflet/runtime/host/<family>.py). A class without it is not built under cfg.
 - Every linear not listed stays replicated (embedders, modulation, refiner, final projection).
 """
 from __future__ import annotations
@@ -49,6 +52,7 @@ RULES: dict[str, dict] = {
         "column_gather": ("transformer_blocks.*.img_mod.1", "transformer_blocks.*.txt_mod.1"),
         "heads_norm_across": False,
         "probe": ("img_in", "time_text_embed", "transformer_blocks.0.img_mod", "transformer_blocks.0.img_norm1"),
+        "cfg_branch": ("encoder_hidden_states", "valid_text"),
     },
     "diffusers.WanTransformer3DModel": {
         "column": _paths("blocks.*.attn1", _ATTN_COL) + _paths("blocks.*.attn2", _ATTN_COL)
@@ -57,6 +61,7 @@ RULES: dict[str, dict] = {
         "row_segments": {},
         "heads_norm_across": True,
         "probe": ("patch_embedding", "condition_embedder", "blocks.0.scale_shift_table", "blocks.0.norm1"),
+        "cfg_branch": ("encoder_hidden_states",),
     },
     "diffusers.HunyuanVideoTransformer3DModel": {
         "column": _MMDIT[0][1] + ("transformer_blocks.*.ff.net.0.proj",
@@ -81,6 +86,7 @@ RULES: dict[str, dict] = {
         "row_segments": {},
         "heads_norm_across": True,
         "probe": ("proj_in", "time_embed", "transformer_blocks.0.scale_shift_table", "transformer_blocks.0.norm1"),
+        "cfg_branch": ("encoder_hidden_states", "audio_encoder_hidden_states"),
     },
 }
 

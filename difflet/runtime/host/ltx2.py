@@ -22,6 +22,7 @@ import torch
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
 from difflet.runtime.host import host_step
+from difflet.runtime.host.cfg import predict_branches
 from difflet.runtime.host.flux import _input_shape, calculate_shift, class_config_value, make_scheduler
 from difflet.runtime.host.loop import cached_loop
 from difflet.runtime.schedule import HostEnv, RequestState
@@ -241,17 +242,19 @@ def denoise(env: HostEnv, step: Node, state: RequestState) -> None:
     timesteps = timesteps_for(scheduler, state.params.steps, video.shape[1])
     video_coords, audio_coords = values["coords"]
 
-    def call(v, a, t, text):
-        out = env.invoke(transformer, hidden_states=v, audio_hidden_states=a,
-                         encoder_hidden_states=text[0], audio_encoder_hidden_states=text[1],
-                         timestep=t.expand(1), video_coords=video_coords, audio_coords=audio_coords)
-        return tuple(x.float() for x in out.values())
+    def inputs(v, a, t, text):
+        return dict(hidden_states=v, audio_hidden_states=a, encoder_hidden_states=text[0],
+                    audio_encoder_hidden_states=text[1], timestep=t.expand(1), video_coords=video_coords,
+                    audio_coords=audio_coords)
 
     def predict(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         sigma = scheduler.sigmas[int((timesteps == t).nonzero()[0, 0])]
         v, a = x[:, :split].reshape(video.shape), x[:, split:].reshape(audio.shape)
-        cond = call(v, a, t, values["cond"])
-        uncond = call(v, a, t, values["uncond"]) if scales["cfg"] else (None, None)
+        # both passes: two calls, or one of a cfg2 program (host/cfg.py); outputs (video, audio)
+        cond, uncond = predict_branches(env, transformer, inputs(v, a, t, values["cond"]),
+                                        inputs(v, a, t, values["uncond"]) if scales["cfg"] else None)
+        cond = tuple(y.float() for y in cond.values())
+        uncond = tuple(y.float() for y in uncond.values()) if uncond is not None else (None, None)
         gv = guide(v, cond[0], uncond[0], sigma, scales["video"], scales["rescale"])
         ga = guide(a, cond[1], uncond[1], sigma, scales["audio"], scales["audio_rescale"])
         return torch.cat([gv.flatten(1), ga.flatten(1)], dim=1)

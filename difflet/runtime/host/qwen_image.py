@@ -12,8 +12,8 @@ Invariants:
   max_sequence_length = T does. They go to the denoiser zero-padded to T with `valid_text` = their
   count: the program masks the padding, so padding never reaches the output.
 - True CFG, as the pipeline with a negative prompt: on when guidance > 1; the negative prompt
-  defaults to " " (the official example's). Two batch-1 denoiser calls per step, each with its
-  own valid_text, then comb = neg + s * (cond - neg) rescaled to the conditional norm per token.
+  defaults to " " (the official example's). Two batch-1 denoiser passes per step, each with its
+  own valid_text (two calls, or one call of a cfg2 program: host/cfg.py), then comb = neg + s * (cond - neg) rescaled to the conditional norm per token.
 - Sampling state (generator, scheduler) lives in RequestState, never in HostEnv.
 """
 from __future__ import annotations
@@ -25,6 +25,7 @@ from difflet.codegen.family.qwen_image import PROMPT_TEMPLATE
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
 from difflet.runtime.host import host_step
+from difflet.runtime.host.cfg import predict_branches
 from difflet.runtime.host.flux import (_input_shape, calculate_shift, class_config_value,
                                        latent_geometry, make_scheduler, pack_latents)
 from difflet.runtime.host.loop import cached_loop
@@ -122,15 +123,15 @@ def denoiser_inputs(text: tuple[torch.Tensor, int], latents: torch.Tensor, t: to
 
 def predict_noise(env: HostEnv, component: str, state: RequestState, latents: torch.Tensor,
                   t: torch.Tensor, scale: float) -> torch.Tensor:
-    """One step's model output: the conditional call, and under true CFG the negative call and
-    the pipeline's norm-preserving combine."""
-    def call(text):
-        return next(iter(env.invoke(component, **denoiser_inputs(text, latents, t)).values()))
-
-    cond = call(state.values["cond"])
-    if "uncond" not in state.values:
+    """One step's model output: the conditional pass, and under true CFG the negative pass (one
+    call for both under a cfg2 layout: host/cfg.py) and the pipeline's norm-preserving combine."""
+    uncond = state.values.get("uncond")
+    cond, neg = predict_branches(env, component, denoiser_inputs(state.values["cond"], latents, t),
+                                 denoiser_inputs(uncond, latents, t) if uncond is not None else None)
+    cond = next(iter(cond.values()))
+    if neg is None:
         return cond
-    neg = call(state.values["uncond"])
+    neg = next(iter(neg.values()))
     comb = neg + scale * (cond - neg)
     return comb * (torch.norm(cond, dim=-1, keepdim=True) / torch.norm(comb, dim=-1, keepdim=True))
 

@@ -23,6 +23,7 @@ import torch
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
 from difflet.runtime.host import host_step
+from difflet.runtime.host.cfg import is_cfg_parallel, predict_branches
 from difflet.runtime.host.flux import class_config_value, make_scheduler
 from difflet.runtime.host.loop import cached_loop
 from difflet.runtime.prompt_text import prompt_clean  # shared with admission's token counts
@@ -96,14 +97,17 @@ def prepare_latents(env: HostEnv, step: Node, state: RequestState) -> None:
 
 def predict_noise(env: HostEnv, name: str, state: RequestState, latents: torch.Tensor,
                   t: torch.Tensor) -> torch.Tensor:
-    """One step's model output: cond (and uncond + CFG combine when guidance > 1)."""
+    """One step's model output: cond (and uncond + CFG combine when guidance > 1; one call for
+    both passes under a cfg2 layout, host/cfg.py)."""
     timestep = t.expand(latents.shape[0])
-    cond = next(iter(env.invoke(name, hidden_states=latents, timestep=timestep,
-                                encoder_hidden_states=state.values["prompt_embeds"]).values()))
-    if "negative_prompt_embeds" not in state.values:
+    negative = state.values.get("negative_prompt_embeds")
+    cond, uncond = predict_branches(
+        env, name, dict(hidden_states=latents, timestep=timestep, encoder_hidden_states=state.values["prompt_embeds"]),
+        dict(hidden_states=latents, timestep=timestep, encoder_hidden_states=negative) if negative is not None else None)
+    cond = next(iter(cond.values()))
+    if uncond is None:
         return cond
-    uncond = next(iter(env.invoke(name, hidden_states=latents, timestep=timestep,
-                                  encoder_hidden_states=state.values["negative_prompt_embeds"]).values()))
+    uncond = next(iter(uncond.values()))
     return uncond + state.params.guidance * (cond - uncond)
 
 
@@ -116,8 +120,10 @@ def denoise(env: HostEnv, step: Node, state: RequestState) -> None:
     if mode != "cfg":
         raise DiffletError(f"wan.denoise supports guidance mode 'cfg' (true CFG), not {mode!r}",
                            where=step.loc)
-    extra = [n.name for n in env.component(name).find(Op.INPUT)
-             if n.name not in ("hidden_states", "timestep", "encoder_hidden_states")]
+    node = env.component(name)
+    extra = [n.name for n in node.find(Op.INPUT)
+             if n.name not in ("hidden_states", "timestep", "encoder_hidden_states")
+             and not (is_cfg_parallel(node) and n.attrs.get("branch") == "uncond")]
     if extra:  # Wan attends its zero-padded text unmasked: nothing else crosses per request
         raise DiffletError(f"transformer {name!r} takes inputs {extra} that wan.denoise does not "
                            f"provide", where=step.loc)
