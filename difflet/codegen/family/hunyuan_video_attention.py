@@ -21,16 +21,8 @@ from __future__ import annotations
 import torch
 
 from difflet.codegen.attention import split_joint_attention
+from difflet.codegen.family.hunyuan_video import joint_out, joint_qkv, mask_valid_text
 from difflet.errors import DiffletError
-
-
-def _rope_visual(x: torch.Tensor, n_vis: int, rotary) -> torch.Tensor:
-    """apply_rotary_emb on the first n_vis rows ([B, S, H, D]), text rows untouched (diffusers' order)."""
-    from diffusers.models.embeddings import apply_rotary_emb
-
-    if n_vis == x.shape[1]:
-        return apply_rotary_emb(x, rotary, sequence_dim=1)
-    return torch.cat([apply_rotary_emb(x[:, :n_vis], rotary, sequence_dim=1), x[:, n_vis:]], dim=1)
 
 
 class HunyuanVideoSplitAttnProcessor:
@@ -48,37 +40,7 @@ class HunyuanVideoSplitAttnProcessor:
             raise DiffletError("Difflet's split HunyuanVideo attention serves the joint sites only",
                                where="HunyuanVideoAttention")
         t = self.text_len
-        head_dim = attn.inner_dim // attn.heads
-        single = attn.add_q_proj is None
-        if single:  # one projection over [visual, text] (under SP: both shards, gathered by to_q)
-            hidden_states = torch.cat([hidden_states, encoder_hidden_states], dim=1)
-        query, key, value = (proj(hidden_states).unflatten(2, (-1, head_dim))
-                             for proj in (attn.to_q, attn.to_k, attn.to_v))
-        if attn.norm_q is not None:
-            query = attn.norm_q(query)
-        if attn.norm_k is not None:
-            key = attn.norm_k(key)
-        if image_rotary_emb is not None:
-            n_vis = query.shape[1] - (t if single else 0)
-            query, key = _rope_visual(query, n_vis, image_rotary_emb), _rope_visual(key, n_vis, image_rotary_emb)
-        if not single:
-            enc = [proj(encoder_hidden_states).unflatten(2, (-1, head_dim))
-                   for proj in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj)]
-            if attn.norm_added_q is not None:
-                enc[0] = attn.norm_added_q(enc[0])
-            if attn.norm_added_k is not None:
-                enc[1] = attn.norm_added_k(enc[1])
-            query, key, value = (torch.cat([x, e], dim=1) for x, e in zip((query, key, value), enc))
-
-        valid_text = None
-        if attention_mask is not None:  # over the full [V, T] keys: V = its length - T
-            valid_text = attention_mask[0].reshape(-1).to(torch.int64).sum() - (attention_mask.shape[-1] - t)
+        query, key, value = joint_qkv(attn, hidden_states, encoder_hidden_states, image_rotary_emb, t)
         out = split_joint_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), t,
-                                    False, valid_text, self.mode, self.group)
-        hidden_states = out.transpose(1, 2).flatten(2, 3).to(query.dtype)
-        hidden_states, encoder_hidden_states = hidden_states[:, :-t], hidden_states[:, -t:]
-        if getattr(attn, "to_out", None) is not None:
-            hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
-        if getattr(attn, "to_add_out", None) is not None:
-            encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
-        return hidden_states, encoder_hidden_states
+                                    False, mask_valid_text(attention_mask, t), self.mode, self.group)
+        return joint_out(attn, out, t, query.dtype)
