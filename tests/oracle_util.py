@@ -91,3 +91,22 @@ def check_split_outputs(got: list, oracle: dict, valid: list, tol: float, what: 
           f"(ratio {moved / max(err, 1e-12):.1e})")
     assert moved > 100 * max(err, 1e-7)
     return err
+
+
+def check_served_like_tp1(tp1_module, split_art: Path, ckpt, tmp: Path, keys: tuple[str, ...], tol: float,
+                          what: str) -> None:
+    """The TP1 plan's ART (codegen into tmp) and the split ART, each served by ModelRunner for one
+    request, give the same final states (max abs <= tol for every key); the TP1 video must not be
+    constant, which would make the comparison vacuous."""
+    from difflet.runtime.runner import ModelRunner
+
+    request = dict(prompt="a red fox running through the snow", seed=7, steps=3)
+    states = []
+    for art in (compile_art(tp1_module, ckpt, tmp), split_art):
+        with ModelRunner.from_artifacts(art) as runner:
+            states.append(runner._run(runner.resolve(**request))[0].values)
+    for key in keys:
+        err = (states[0][key] - states[1][key]).abs().max().item()
+        print(f"served {what} vs tp1 {key}: max abs {err:.2e}")
+        assert err <= tol, f"{what} {key}: max abs {err:.2e}"
+    assert states[0]["decoded"].std() > 0.01

@@ -31,7 +31,7 @@ import pytest
 import torch
 
 from difflet.parallel.launch import run_ranks
-from oracle_util import check_split_outputs
+from oracle_util import check_served_like_tp1, check_split_outputs, compile_art
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 DSL = {"tiny": MODELS / "hunyuan-video-tiny.dsl", "tiny4": MODELS / "hunyuan-video-tiny4.dsl"}
@@ -184,17 +184,15 @@ def test_bf16_split_cosine_to_unsplit_bf16(sweep, hunyuan):
 
 
 @pytest.fixture(scope="module")
-def compiled(hunyuan, difflet_test_store, tmp_path_factory):
+def compiled(hunyuan, tmp_path_factory):
     """(ART of COMPILED, its planned transformer, its SplitProgram): codegen of the whole module, so
     the encoders and VAE are the TP1 plan's world-1 programs (shared through the test store) and
     only the denoiser's rank programs are AOTInductor-compiled for the split."""
     from difflet.codegen.artifacts import load_artifacts
-    from difflet.codegen.driver import codegen
 
     model, parallel, attention = COMPILED
     module = _plan(model, parallel, attention)
-    out = tmp_path_factory.mktemp("hunyuan-tiny-split")
-    codegen(module, str(hunyuan[model][0]), out, store=difflet_test_store, log=lambda *_: None)
+    out = compile_art(module, hunyuan[model][0], tmp_path_factory.mktemp("hunyuan-tiny-split"))
     prog = load_artifacts(out).programs["transformer"]
     yield out, module.component("transformer"), prog
     prog.close()
@@ -207,20 +205,7 @@ def test_compiled_split_program_equals_unsplit_diffusers(compiled, hunyuan):
     _check(got, hunyuan[COMPILED[0]][2], f"AOTI {' '.join(map(str, COMPILED))}")
 
 
-def test_split_video_equals_tp1_video(compiled, hunyuan, difflet_test_store, tmp_path):
+def test_split_video_equals_tp1_video(compiled, hunyuan, tmp_path):
     """The split ART served by ModelRunner gives the TP1 video (latents and decoded frames)."""
-    from difflet.codegen.driver import codegen
-    from difflet.runtime.runner import ModelRunner
-
-    request = dict(prompt="a red fox running through the snow", seed=7, steps=3)
-    codegen(_plan("tiny", "tp1", None), str(hunyuan["tiny"][0]), tmp_path, store=difflet_test_store,
-            log=lambda *_: None)
-    states = []
-    for art in (tmp_path, compiled[0]):
-        with ModelRunner.from_artifacts(art) as runner:
-            states.append(runner._run(runner.resolve(**request))[0].values)
-    for key in ("latents", "decoded"):
-        err = (states[0][key] - states[1][key]).abs().max().item()
-        print(f"served {' '.join(map(str, COMPILED))} vs tp1 {key}: max abs {err:.2e}")
-        assert err <= TOL
-    assert states[0]["decoded"].std() > 0.01  # a constant video would make the comparison vacuous
+    check_served_like_tp1(_plan("tiny", "tp1", None), compiled[0], hunyuan["tiny"][0], tmp_path,
+                          ("latents", "decoded"), TOL, " ".join(map(str, COMPILED)))
