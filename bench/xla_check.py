@@ -11,8 +11,12 @@ checkpoint: Difflet attention, float64-free RoPE, family wrappers), then:
 
 - eager: run on CPU in torch at every tested runtime value (the reference);
 - XLA: the same module moved to the XLA CPU device (PJRT_DEVICE=CPU) and run lazily at the same
-  values; torch_xla's `CompileTime` metric counts compilations: the runtime value is a 0-d device
-  tensor, so one compile must serve every value (`compiles` == 1);
+  values; torch_xla's `CompileTime` metric counts compilations: one compile must serve every value
+  (`compiles` == 1). Inputs are uploaded as device data (`upload`), never with `.to(device)`: a
+  0-d CPU tensor moved with `.to` keeps its host value and torch-xla lowers it as a constant when
+  it is 0 or +-1 (`IsSpecialScalar`) or as the scalar cache's device data shared with an equal
+  graph scalar otherwise (`XLATensor::GetIrValueForTensor`, torch_xla/csrc/tensor.cpp), so the
+  runtime value would not be its own program input;
 - max |XLA - eager| over all outputs and values; the HLO of the first call's outputs scanned for
   float64 (bench/xla_hlo.py: instructions with an f64 result; must be 0); CPU-fallback aten ops.
 
@@ -64,6 +68,14 @@ def input_sets(comp) -> list[tuple[dict, tuple]]:
         out.append((chosen, tuple(torch.tensor(chosen[n], dtype=t.dtype) if n in chosen else t
                                   for n, t in zip(names, base))))
     return out
+
+
+def upload(inputs, dev) -> list[torch.Tensor]:
+    """Inputs as device data of their own (`xm.send_cpu_data_to_device` uploads the buffer), so a
+    0-d runtime value is one HLO parameter whatever its value (module docstring)."""
+    import torch_xla.core.xla_model as xm
+
+    return xm.send_cpu_data_to_device(list(inputs), dev)
 
 
 def _flat(outs) -> list[torch.Tensor]:
@@ -145,7 +157,7 @@ def check_component(comp, ckpt: Path) -> dict:
             stage = f"XLA call {i} {values}"
             before = compile_count()
             with torch.no_grad():
-                outs = _flat(pm(*(t.to(dev) for t in inputs)))
+                outs = _flat(pm(*upload(inputs, dev)))
             hlo = torch_xla._XLAC._get_xla_tensors_hlo(outs)
             if i == 0:
                 row["f64"] = count_f64(hlo)
@@ -215,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--component", nargs="*", default=(), help="only these component names")
     ap.add_argument("--store", default=None, help="store for the random:0 checkpoints (default $DIFFLET_STORE)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "xla_check"), help="writes OUT.json, OUT.md")
+    ap.add_argument("--update", action="store_true",
+                    help="replace only the checked rows in an existing OUT.json (a re-run of a few components)")
     args = ap.parse_args(argv)
     if os.environ.get("PJRT_DEVICE") != "CPU":
         print("set PJRT_DEVICE=CPU (this check runs on torch-xla's CPU device)", file=sys.stderr)
@@ -241,7 +255,12 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
     env = {"torch": torch.__version__, "torch_xla": torch_xla.__version__, "python": sys.version.split()[0],
            "pjrt_device": os.environ["PJRT_DEVICE"],
-           "xla_flags": {k: v for k, v in os.environ.items() if k.startswith("XLA_")}}
+           "xla_flags": {k: v for k, v in os.environ.items() if k.startswith("XLA_")},
+           "upload": "xm.send_cpu_data_to_device"}
+    if args.update and Path(args.out + ".json").exists():  # keep the other rows, in their order
+        new = {(r["model"], r["component"]): r for r in rows}
+        old = json.loads(Path(args.out + ".json").read_text())["rows"]
+        rows = [new.pop((r["model"], r["component"]), r) for r in old] + list(new.values())
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out + ".json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1) + "\n")
     Path(args.out + ".md").write_text(markdown(rows))
