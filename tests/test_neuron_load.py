@@ -11,6 +11,7 @@ the eager module, so nothing here claims a Neuron program ran.
 from __future__ import annotations
 
 import importlib.machinery
+import inspect
 import importlib.util
 import subprocess
 import sys
@@ -209,7 +210,8 @@ def test_runtime_inputs_go_in_as_shape_1_with_the_same_results():
     from oracle_util import random_checkpoint
 
     from difflet.codegen.build import build_program_module, example_inputs
-    from difflet.codegen.neuron_inputs import call_inputs, runtime_positions, trace_inputs, vector_runtime_inputs
+    from difflet.codegen.neuron_inputs import (call_inputs, explicit_signature, input_names, runtime_positions,
+                                               trace_inputs, vector_runtime_inputs)
 
     module = lower_file(str(REPO / "models" / "flux-tiny.dsl"))
     node = module.component("transformer")
@@ -218,9 +220,16 @@ def test_runtime_inputs_go_in_as_shape_1_with_the_same_results():
     inputs = example_inputs(node)
     with torch.no_grad():
         want = pm(*inputs)
-    keys = list(pm.state_dict())
-    vector_runtime_inputs(pm, pos)
+    keys, names = list(pm.state_dict()), input_names(node)
+    vector_runtime_inputs(pm, pos, names)
+    explicit_signature(pm, node)
     assert list(pm.state_dict()) == keys  # a hook, not a wrapper: rank-file keys still match
+    # NxD ModelBuilder V2 refuses *args forwards (trace/functions.py _validate_model) and passes inputs by name
+    params = inspect.signature(pm.forward).parameters
+    assert list(params) == names and all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params.values())
+    with torch.no_grad():
+        by_name = pm(**dict(zip(names, call_inputs(pos, inputs))))
+    assert all(torch.equal(g, w) for g, w in zip(by_name, want, strict=True))
     traced = trace_inputs(node)
     assert [tuple(t.shape) for i, t in enumerate(traced) if i in pos] == [(1,)] * len(pos)
     with torch.no_grad():

@@ -15,11 +15,17 @@ Invariants:
   positions) as shape [1], reshaped to 0-d before its forward: same results, and the same
   module and state-dict keys (a forward pre-hook, not a wrapper), so the rank files and
   `replace_weights` keys still match the traced module.
+- `explicit_signature(pm, node)` gives `pm.forward` the IR input names as its parameters (NxD
+  ModelBuilder V2's `trace` refuses `*args` forwards and calls the model with keyword inputs:
+  neuronx_distributed/trace/functions.py `_validate_model`, `treat_inputs_as_kwargs=True`);
+  positional and keyword calls compute the same, state-dict keys unchanged.
 - `trace_inputs(node)` = build.example_inputs(node) with the runtime inputs as shape [1];
   `call_inputs(positions, tensors)` does the same to a call's (checked, 0-d) inputs.
 - Torch only, no Neuron SDK: tested on CPU (tests/test_neuron_load.py).
 """
 from __future__ import annotations
+
+import inspect
 
 import torch
 
@@ -46,11 +52,41 @@ def trace_inputs(node: Node) -> tuple[torch.Tensor, ...]:
     return call_inputs(runtime_positions(node), example_inputs(node))
 
 
-def vector_runtime_inputs(pm: torch.nn.Module, positions):
-    """Make `pm` take its runtime inputs as shape [1] (module docstring); returns the hook handle."""
+def input_names(node: Node) -> list[str]:
+    from difflet.codegen.program import program_inputs
+
+    return [v.name for v in program_inputs(node)]
+
+
+def vector_runtime_inputs(pm: torch.nn.Module, positions, names=()):
+    """Make `pm` take its runtime inputs as shape [1] (module docstring), passed positionally or
+    by name (`names`: the IR input names); returns the hook handle."""
     at = frozenset(positions)
+    by_name = frozenset(names[i] for i in at if i < len(names))
 
-    def to_scalars(_module, args):
-        return tuple(a.reshape(()) if i in at else a for i, a in enumerate(args))
+    def to_scalars(_module, args, kwargs):
+        args = tuple(a.reshape(()) if i in at else a for i, a in enumerate(args))
+        return args, {k: v.reshape(()) if k in by_name else v for k, v in kwargs.items()}
 
-    return pm.register_forward_pre_hook(to_scalars)
+    return pm.register_forward_pre_hook(to_scalars, with_kwargs=True)
+
+
+def explicit_signature(pm: torch.nn.Module, node: Node) -> None:
+    """`pm.forward(name0, name1, ...)` over the IR inputs instead of `*inputs` (module docstring)."""
+    names = input_names(node)
+    if not all(n.isidentifier() for n in names):
+        from difflet.errors import DiffletError
+
+        raise DiffletError(f"{node.name!r}: IR input names {names} are not all Python identifiers, which "
+                           "NxD's keyword inputs need", where=node.loc)
+    inner = pm.forward  # the class's forward, bound: `*inputs` in IR order
+
+    def forward(*args, **kwargs):
+        missing = [n for n in names[len(args):] if n not in kwargs]
+        if missing or len(args) + len(kwargs) != len(names):
+            raise TypeError(f"{node.name} takes {names}, got {len(args)} positional and {sorted(kwargs)}")
+        return inner(*args, *(kwargs[n] for n in names[len(args):]))
+
+    forward.__signature__ = inspect.Signature(
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names])
+    pm.forward = forward  # an instance attribute: nn.Module.__call__ and inspect.signature see it
