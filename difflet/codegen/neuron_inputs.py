@@ -2,7 +2,8 @@
 
 Why (measured with torch-xla 2.9 on CPU, bench/results/xla_check.md): torch_neuronx.trace moves
 each example input to the XLA device with `tensor.to(xla_device)` (torch_neuronx/xla_impl/
-hlo_conversion.py `xla_trace`), and torch-xla lowers a 0-d tensor moved that way by its value
+hlo_conversion.py `xla_trace`, read in a public copy whose SDK release is not stated; it drops an
+input with no HLO parameter as "unused" with a warning), and torch-xla lowers a 0-d tensor moved that way by its value
 (`XLATensor::GetIrValueForTensor`, torch_xla/csrc/tensor.cpp): 0 or +-1 become an HLO constant
 (`IsSpecialScalar`; `XLA_NO_SPECIAL_SCALARS=1` turns only this off) and any other value the
 scalar cache's device data, shared with every equal Python scalar of the graph. Traced at such a
