@@ -2,7 +2,8 @@
 
     bash bench/xla_env.sh                                   # once: /work/xla-venv (torch 2.9 + torch-xla 2.9)
     PJRT_DEVICE=CPU PYTHONPATH=. /work/xla-venv/bin/python bench/xla_check.py \
-        [--models flux-tiny ...] [--out bench/results/xla_check]
+        [--models flux-tiny ...] [--component NAME ...] [--upload device-data|to|neuron] [--update] \
+        [--out bench/results/xla_check]
 
 Not part of the pytest suite: torch-xla pins an older torch than difflet's own environment, so it
 runs in its own venv (bench/xla_env.sh). For each component of models/<name>.dsl the program
@@ -11,8 +12,13 @@ checkpoint: Difflet attention, float64-free RoPE, family wrappers), then:
 
 - eager: run on CPU in torch at every tested runtime value (the reference);
 - XLA: the same module moved to the XLA CPU device (PJRT_DEVICE=CPU) and run lazily at the same
-  values; torch_xla's `CompileTime` metric counts compilations: the runtime value is a 0-d device
-  tensor, so one compile must serve every value (`compiles` == 1);
+  values; torch_xla's `CompileTime` metric counts compilations: one compile must serve every value
+  (`compiles` == 1). Inputs are uploaded as device data (`upload`), never with `.to(device)`: a
+  0-d CPU tensor moved with `.to` keeps its host value and torch-xla lowers it as a constant when
+  it is 0 or +-1 (`IsSpecialScalar`) or as the scalar cache's device data shared with an equal
+  graph scalar otherwise (`XLATensor::GetIrValueForTensor`, torch_xla/csrc/tensor.cpp), so the
+  runtime value would not be its own program input. `--upload neuron` instead moves them with
+  `.to` as torch_neuronx.trace does, runtime values as shape [1] (codegen/neuron_inputs.py);
 - max |XLA - eager| over all outputs and values; the HLO of the first call's outputs scanned for
   float64 (bench/xla_hlo.py: instructions with an f64 result; must be 0); CPU-fallback aten ops.
 
@@ -66,6 +72,25 @@ def input_sets(comp) -> list[tuple[dict, tuple]]:
     return out
 
 
+UPLOADS = ("device-data", "to", "neuron")
+
+
+def upload(inputs, dev, how: str = "device-data", positions=()) -> list[torch.Tensor]:
+    """Inputs on the XLA device. device-data: `xm.send_cpu_data_to_device` (real device data, so a
+    0-d runtime value is one HLO parameter whatever its value; the default); to: `.to(dev)` (what
+    torch_neuronx.trace does, shown for comparison); neuron: `.to(dev)` with the runtime values as
+    shape [1], as difflet/codegen/neuron_inputs.py traces and feeds neuron programs."""
+    import torch_xla.core.xla_model as xm
+
+    if how == "device-data":
+        return xm.send_cpu_data_to_device(list(inputs), dev)
+    if how == "neuron":
+        from difflet.codegen.neuron_inputs import call_inputs
+
+        inputs = call_inputs(positions, inputs)
+    return [t.to(dev) for t in inputs]
+
+
 def _flat(outs) -> list[torch.Tensor]:
     return [t for t in outs if isinstance(t, torch.Tensor)]
 
@@ -116,18 +141,20 @@ def compile_count() -> int:
     return int(data[0]) if data else 0
 
 
-def check_component(comp, ckpt: Path) -> dict:
+def check_component(comp, ckpt: Path, how: str = "device-data") -> dict:
     """One component's row (module docstring); raises nothing: failures land in 'error'."""
     import torch_xla
     import torch_xla.debug.metrics as met
     from difflet.codegen.build import build_program_module
+    from difflet.codegen.neuron_inputs import runtime_positions, vector_runtime_inputs
 
     row = {"component": comp.name, "class": comp.attrs["class"], "dtype": comp.attrs.get("dtype", "float32"),
-           "runtime_values": runtime_values(comp)}
+           "runtime_values": runtime_values(comp), "upload": how}
     stage = "build"
     try:
         pm = build_program_module(comp, ckpt)
         calls = input_sets(comp)
+        positions = runtime_positions(comp)
         stage = "eager"
         ref, reads = [], []
         for _, inputs in calls:
@@ -135,6 +162,8 @@ def check_component(comp, ckpt: Path) -> dict:
             ref.append(outs)
             reads += [p for p in places if p not in reads]
         row["host_reads"] = reads
+        if how == "neuron":  # the pre-hook neuron.py / neuron_spmd.py install before tracing
+            vector_runtime_inputs(pm, positions)
         stage = "move to XLA"
         dev = torch_xla.device()
         pm = pm.to(dev)
@@ -145,7 +174,7 @@ def check_component(comp, ckpt: Path) -> dict:
             stage = f"XLA call {i} {values}"
             before = compile_count()
             with torch.no_grad():
-                outs = _flat(pm(*(t.to(dev) for t in inputs)))
+                outs = _flat(pm(*upload(inputs, dev, how, positions)))
             hlo = torch_xla._XLAC._get_xla_tensors_hlo(outs)
             if i == 0:
                 row["f64"] = count_f64(hlo)
@@ -215,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--component", nargs="*", default=(), help="only these component names")
     ap.add_argument("--store", default=None, help="store for the random:0 checkpoints (default $DIFFLET_STORE)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "xla_check"), help="writes OUT.json, OUT.md")
+    ap.add_argument("--upload", choices=UPLOADS, default="device-data", help="how inputs reach the device (see upload)")
+    ap.add_argument("--update", action="store_true",
+                    help="replace only the checked rows in an existing OUT.json (a re-run of a few components)")
     args = ap.parse_args(argv)
     if os.environ.get("PJRT_DEVICE") != "CPU":
         print("set PJRT_DEVICE=CPU (this check runs on torch-xla's CPU device)", file=sys.stderr)
@@ -236,12 +268,17 @@ def main(argv: list[str] | None = None) -> int:
             if args.component and comp.name not in args.component:
                 continue
             with quiet_libraries():
-                row = {"model": name, **check_component(comp, ckpt)}
+                row = {"model": name, **check_component(comp, ckpt, args.upload)}
             print(json.dumps(row), flush=True)
             rows.append(row)
     env = {"torch": torch.__version__, "torch_xla": torch_xla.__version__, "python": sys.version.split()[0],
            "pjrt_device": os.environ["PJRT_DEVICE"],
-           "xla_flags": {k: v for k, v in os.environ.items() if k.startswith("XLA_")}}
+           "xla_flags": {k: v for k, v in os.environ.items() if k.startswith("XLA_")},
+           "upload": args.upload}
+    if args.update and Path(args.out + ".json").exists():  # keep the other rows, in their order
+        new = {(r["model"], r["component"]): r for r in rows}
+        old = json.loads(Path(args.out + ".json").read_text())["rows"]
+        rows = [new.pop((r["model"], r["component"]), r) for r in old] + list(new.values())
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out + ".json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1) + "\n")
     Path(args.out + ".md").write_text(markdown(rows))

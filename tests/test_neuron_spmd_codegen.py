@@ -138,14 +138,6 @@ def test_codegen_sends_a_tp2_plan_to_one_spmd_program_with_presharded_rank_files
     assert "transformer" in again.reused and len(neuron_doubles.calls) == 1  # the store's key, no retrace
 
 
-def test_the_runtime_refuses_to_load_a_neuron_spmd_program_by_name():
-    from difflet.codegen.split_codegen import split_program
-
-    planned = optimize(lower_file(str(REPO / "models" / "flux-tiny.dsl")), "tp2", target="trn2", backend="neuron")
-    with pytest.raises(DiffletError, match="neuron SPMD program.*not built into the runtime"):
-        split_program(planned.component("transformer"), "neuron", [Path("a"), Path("b")], [Path("c"), Path("d")])
-
-
 @pytest.mark.skipif(importlib.util.find_spec("torch_neuronx") is not None, reason="the Neuron SDK is installed here")
 def test_cli_tp2_neuron_codegen_without_the_sdk_exits_2_before_any_work(tmp_path):
     from difflet.ir.binary import save

@@ -18,9 +18,12 @@ Invariants:
 - Persistent state (the step-caching probe's previous feature) is an aliased output:
   `input_output_aliases={buffer: output_index}` with the new value returned out of place
   (neuron_state.py), never an in-place `copy_`.
+- Runtime values are traced and fed as shape-[1] tensors (neuron_inputs.py: a 0-d example input
+  of 0/1, or equal to a scalar of the graph, would not become a program input of its own under
+  torch_neuronx.trace's `.to(xla_device)`); their positions are in the program's neuron.json.
 - Tensor-parallel components never come here: codegen's driver sends them to neuron_spmd.py
   (one SPMD program for all ranks through NxD ModelBuilder, Difflet-presharded rank weights);
-  the runtime does not load such a program yet (split_codegen.split_program refuses it).
+  neuron_load.SpmdProgram loads that program (split_codegen.split_program).
 """
 from __future__ import annotations
 
@@ -79,7 +82,7 @@ def compile_entry(node, pm, dest: Path) -> None:
     import torch
     import torch_neuronx
 
-    from difflet.codegen.build import example_inputs
+    from difflet.codegen.neuron_inputs import runtime_positions, trace_inputs, vector_runtime_inputs
     from difflet.codegen.neuron_state import aliased_program
     from difflet.errors import DiffletError
     from difflet.ir.nodes import Op
@@ -90,15 +93,17 @@ def compile_entry(node, pm, dest: Path) -> None:
                            "neuron_spmd.emit_spmd, not as a single-core trace", where=node.loc)
     os.environ.setdefault("NEURON_COMPILE_CACHE_URL", str(compile_cache_dir(dest)))
     program, aliases, dropped = aliased_program(pm)
+    vector_runtime_inputs(program, runtime_positions(node))  # runtime values as [1]: see neuron_inputs
     workdir = dest / "neuronx-cc"
     try:
-        traced = torch_neuronx.trace(program, example_inputs(node), compiler_workdir=str(workdir),
+        traced = torch_neuronx.trace(program, trace_inputs(node), compiler_workdir=str(workdir),
                                      compiler_args=compiler_args(), inline_weights_to_neff=False,
                                      input_output_aliases=aliases)
     except Exception as err:  # neuronx-cc reports failures as generic exceptions
         raise DiffletError(f"neuronx-cc failed for {node.name!r}: {err} (logs in {workdir})", where=node.loc) from None
     torch_neuronx.replace_weights(traced, {k: torch.zeros_like(v) for k, v in pm.state_dict().items()})
-    meta = json.dumps({"sdk_release": SDK_RELEASE, "compiler_args": compiler_args(), "dropped_outputs": dropped})
+    meta = json.dumps({"sdk_release": SDK_RELEASE, "compiler_args": compiler_args(), "dropped_outputs": dropped,
+                       "vector_inputs": runtime_positions(node)})
     # inside the program file, so the ART's hard link carries it
     torch.jit.save(traced, str(dest / PROGRAM_FILE), _extra_files={META_FILE: meta})
     shutil.rmtree(workdir, ignore_errors=True)
@@ -115,9 +120,13 @@ class CompiledRunner:
         extra = {META_FILE: ""}
         self._model = torch.jit.load(str(program_path), _extra_files=extra)
         torch_neuronx.replace_weights(self._model, load_file(str(weights_path)))
-        self._dropped = set(json.loads(extra[META_FILE] or "{}").get("dropped_outputs", ()))
+        meta = json.loads(extra[META_FILE] or "{}")
+        self._dropped = set(meta.get("dropped_outputs", ()))
+        self._vector = meta.get("vector_inputs", [])
 
     def __call__(self, *tensors):
-        out = self._model(*tensors)
+        from difflet.codegen.neuron_inputs import call_inputs
+
+        out = self._model(*call_inputs(self._vector, tensors))
         out = tuple(out) if isinstance(out, (list, tuple)) else (out,)
         return tuple(t for i, t in enumerate(out) if i not in self._dropped)  # aliased state stays on device

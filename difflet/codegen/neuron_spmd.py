@@ -20,6 +20,9 @@ Invariants:
   without weights (`NxDModel.save`'s default `save_weights=False`); codegen links it into ART/ once
   per rank (`programs/<name>.rank<r>.pt2`, one file: the runtime's rank-file check names ranks) and
   writes the rank weights itself, so the store never holds a checkpoint's values.
+- The traced forward names the IR inputs (ModelBuilder V2 refuses `*args`) and runtime values
+  are traced as shape-[1] tensors (neuron_inputs.py); neuron_load.SpmdProgram
+  loads the program once (NxDModel.load), sets the rank files as its weights and feeds them so.
 """
 from __future__ import annotations
 
@@ -128,12 +131,15 @@ def compile_spmd(node: Node, pm: torch.nn.Module, specs: dict, tp: int, dest, co
     from neuronx_distributed import ModelBuilder, NxDParallelState
     from neuronx_distributed.parallel_layers.layers import SPMDRank
 
-    from difflet.codegen.build import example_inputs
+    from difflet.codegen.neuron_inputs import (explicit_signature, input_names, runtime_positions, trace_inputs,
+                                               vector_runtime_inputs)
 
     with NxDParallelState(world_size=tp, tensor_model_parallel_size=tp):
         shard_modules(pm.model, specs, nxd_layer)
         pm.spmd_rank = SPMDRank(world_size=tp)
-        nxd = ModelBuilder(pm).trace(args=example_inputs(node), tag=node.name).compile(
+        vector_runtime_inputs(pm, runtime_positions(node), input_names(node))  # runtime values as [1]
+        explicit_signature(pm, node)  # V2's trace refuses *args and passes the inputs by name
+        nxd = ModelBuilder(pm).trace(args=trace_inputs(node), tag=node.name).compile(
             compiler_args=" ".join(compiler_args), compiler_workdir=str(dest / "neuronx-cc"))
     nxd.save(str(dest / PROGRAM_FILE))  # save_weights=False: rank weights live in ART/weights
     shutil.rmtree(dest / "neuronx-cc", ignore_errors=True)  # compiler logs, as neuron.compile_entry

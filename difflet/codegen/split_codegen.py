@@ -11,8 +11,8 @@ Invariants:
   loading never reshards.
 - A cfg layout never comes here: it is two replicas of its inner layout's programs
   (codegen/cfg_program.py).
-- `split_program` / `eager_split_program` give a `SplitProgram` with the Program call
-  convention (full tensors in, full outputs back); the visual scatter and the output gather are
+- `split_program` / `eager_split_program` give a `SplitProgram` (neuron: one
+  neuron_load.SpmdProgram, no rank workers) with the Program call convention (full tensors in, full outputs back); the visual scatter and the output gather are
   inside each rank's program (see split_layout.RankProgramModule).
 """
 from __future__ import annotations
@@ -123,11 +123,15 @@ def split_program(node: Node, backend: str, programs: list[Path], weights: list[
     """A SplitProgram over compiled per-rank programs (rank order)."""
     from difflet.parallel.workers import SplitProgram
 
-    if backend == "neuron":  # NxDModel.load runs every rank from one process, not one worker per rank
-        from difflet.errors import DiffletError
+    if backend == "neuron":  # one SPMD program runs every rank from this process (NxDModel), no rank workers
+        if kw:
+            from difflet.errors import DiffletError
 
-        raise DiffletError(f"{node.name!r} is a neuron SPMD program; loading it (NxDModel.load, set_weights "
-                           "with the rank files, to_neuron) is not built into the runtime yet", where=node.loc)
+            raise DiffletError(f"{node.name!r}: a neuron SPMD program takes no rank-worker options "
+                               f"({', '.join(kw)}); cfg layouts are not built for neuron", where=node.loc)
+        from difflet.codegen.neuron_load import SpmdProgram
+
+        return SpmdProgram(node, list(programs), list(weights))
     args = [(backend, str(p), str(w)) for p, w in zip(programs, weights, strict=True)]
     if backend == "inductor":
         from difflet.parallel.aoti_runner import build
