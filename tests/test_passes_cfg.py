@@ -116,7 +116,7 @@ def test_embedded_guidance_is_refused_and_an_undeclared_class_is_not_built(qwen)
 
 @pytest.mark.parametrize("model, cores, verdicts", [
     ("ltx2-tiny", 2, {"tp1+cfg2": "legal"}),  # inner world 1: any class, no split program needed
-    ("ltx2-tiny", 4, {"tp2+cfg2": "not-built (transformer): split programs of"}),
+    ("ltx2-tiny", 4, {"tp2+cfg2": "legal", "tp1cp2+cfg2 ring": "legal"}),  # inner tp2 / cp2: split programs
     ("qwen-image-tiny", 4, {"tp2+cfg2": "legal", "tp1cp2+cfg2 ring": "legal", "dp2xtp1+cfg2": "legal"}),
 ])
 def test_list_legal_calls_cfg_layouts_legal_exactly_where_codegen_builds_them(model, cores, verdicts):

@@ -2,12 +2,10 @@
 HunyuanVideoAttnProcessor2_0 math on one rank of a split layout, at both joint sites.
 
 Invariants:
-- Projections, per-head q/k RMS norms, RoPE on the visual rows and the added (text) projections
-  are HunyuanVideoAttnProcessor2_0's, in its order; only the attention call differs: the joint
+- The math around the attention call is hunyuan_video_joint's (diffusers' order; a TP rank's
+  shard of heads from the projection width); only the attention call differs: the joint
   [visual, text] keys attended over the CP group in the planned mode
   (codegen.attention.split_joint_attention) with valid keys [0, V + valid_text).
-- Heads come from the projection width (`-1` with the full head_dim): under TP a rank holds a
-  contiguous shard of heads; `attn.heads` (the full count) is never used to split.
 - The text length is the static T of the layout (under SP the text entering a block is a token
   shard; the q/k/v projections have gathered it back to T rows). The single-stream block's
   concatenation [visual shard, text shard] is the joint token segments its linears gather.
@@ -21,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from difflet.codegen.attention import split_joint_attention
-from difflet.codegen.family.hunyuan_video import joint_out, joint_qkv, mask_valid_text
+from difflet.codegen.family.hunyuan_video_joint import joint_out, joint_qkv, mask_valid_text
 from difflet.errors import DiffletError
 
 
