@@ -1,4 +1,4 @@
-"""Megatron TP linears, SP regions and the CFG-parallel combine, as functions over groups.
+"""Megatron TP linears and SP regions, as functions over groups.
 
 Invariants:
 - Weights follow torch's Linear layout [out, in]. A column-parallel shard holds rows
@@ -10,9 +10,6 @@ Invariants:
   all-gathers tokens before a column linear; `row_parallel_linear(..., sp=True)` reduce-scatters
   tokens after the row linear instead of all-reducing, so every rank ends with its own token
   shard of the full sum. Without SP the row linear all-reduces and outputs stay replicated.
-- CFG: ranks of a cfg group hold [cond, uncond] predictions in cfg rank order; `cfg_combine`
-  all-gathers them and returns uncond + scale * (cond - uncond) on every rank;
-  `cfg_combine_renorm` then rescales that to cond's norm along the last dim (QwenImagePipeline).
 - With size-1 groups every function is the unsplit computation.
 """
 from __future__ import annotations
@@ -61,23 +58,3 @@ def sp_enter(x: torch.Tensor, group, seq_dim: int = 1) -> torch.Tensor:
 def sp_scatter(x: torch.Tensor, group, seq_dim: int = 1) -> torch.Tensor:
     """All tokens (replicated) -> this rank's token shard, no communication (e.g. model input)."""
     return shard(x, seq_dim, comm.rank(group), comm.size(group))
-
-
-def cfg_combine(pred: torch.Tensor, group, scale: float) -> torch.Tensor:
-    """CFG across a group of 2: rank 0 holds cond, rank 1 uncond; returns the guided prediction
-    on both (the all_gather path; the host can instead combine the two outputs itself)."""
-    if comm.size(group) != 2:
-        raise ValueError(f"cfg_combine needs a cfg group of 2 ranks, got {comm.size(group)}")
-    cond, uncond = comm.all_gather(pred.unsqueeze(0), 0, group).unbind(0)
-    return uncond + scale * (cond - uncond)
-
-
-def cfg_combine_renorm(pred: torch.Tensor, group, scale: float, dim: int = -1) -> torch.Tensor:
-    """True CFG as diffusers' QwenImagePipeline does it: comb = uncond + scale * (cond - uncond),
-    then comb * (||cond|| / ||comb||) with norms over `dim` (keepdim), so each token's guided
-    prediction keeps the conditional prediction's norm. Same group convention as cfg_combine."""
-    if comm.size(group) != 2:
-        raise ValueError(f"cfg_combine_renorm needs a cfg group of 2 ranks, got {comm.size(group)}")
-    cond, uncond = comm.all_gather(pred.unsqueeze(0), 0, group).unbind(0)
-    comb = uncond + scale * (cond - uncond)
-    return comb * (torch.norm(cond, dim=dim, keepdim=True) / torch.norm(comb, dim=dim, keepdim=True))
