@@ -166,7 +166,8 @@ def compile_model(model: str, art: Path, store: Path, report: DemoReport | None 
 
 def run_demo(output: Path | None, prompt: str, store: Path | None, seed: int = 42,
              log: Callable[[str], None] = print, model: str = DEFAULT_MODEL,
-             verbose: bool = False, parallel: str = "tp1", attention: str | None = None) -> DemoReport:
+             verbose: bool = False, parallel: str = "tp1", attention: str | None = None,
+             lossless_video: bool = False) -> DemoReport:
     from difflet.codegen.store import default_store_dir
     from difflet.runtime import client
 
@@ -182,7 +183,7 @@ def run_demo(output: Path | None, prompt: str, store: Path | None, seed: int = 4
     compile_model(model, art, store, report, log=log if verbose else None, verbose=verbose,
                   parallel=parallel, attention=attention)
     with _Timer(report, "load+warm-up") as t:
-        proc = launch_server(art)
+        proc = launch_server(art, ("--lossless-video",) if lossless_video else ())
         ready = read_line(proc, "model process 0 ready: ")  # its imports, load and warm-up
         address = read_line(proc, "listening on ")
         t.note = f"difflet-runtime on {address}; {ready.split(', ', 2)[-1]}"

@@ -5,6 +5,8 @@ Invariants:
   creation time and x264 runs single-threaded).
 - Videos are H.264 yuv420p at CRF 12 (near-lossless for review, playable everywhere); odd frame
   sizes are refused, since yuv420p needs even width and height. Audio is AAC.
+- `lossless=True` (difflet-runtime --lossless-video): H.264 RGB 4:4:4 at qp 0 (libx264rgb), so
+  the decoded frames are the generated frames exactly; larger files that browsers do not play.
 """
 from __future__ import annotations
 
@@ -26,22 +28,24 @@ def encode_png(image: np.ndarray) -> bytes:
 
 
 def encode_mp4(video: np.ndarray, fps: float, audio: np.ndarray | None = None,
-               sample_rate: int = 0, crf: int = 12) -> bytes:
-    """MP4 bytes of uint8 [F, H, W, 3] frames at `fps`; `audio` float32 [channels, samples]."""
+               sample_rate: int = 0, crf: int = 12, lossless: bool = False) -> bytes:
+    """MP4 bytes of uint8 [F, H, W, 3] frames at `fps`; `audio` float32 [channels, samples];
+    `lossless`: RGB H.264 at qp 0, decoding to exactly these frames."""
     import av
 
     if video.ndim != 4 or video.shape[-1] != 3 or video.dtype != np.uint8:
         raise DiffletError(f"video must be uint8 [F, H, W, 3], got {video.dtype} {list(video.shape)}",
                            where="video")
     frames, height, width, _ = video.shape
-    if height % 2 or width % 2:
+    if not lossless and (height % 2 or width % 2):
         raise DiffletError(f"H.264 needs an even frame size, got {width}x{height}", where="video")
     buf = io.BytesIO()
     with av.open(buf, mode="w", format="mp4") as container:
         rate = Fraction(fps).limit_denominator(1001)
-        stream = container.add_stream("libx264", rate=rate)
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        stream.options = {"crf": str(crf), "preset": "medium"}
+        stream = container.add_stream("libx264rgb" if lossless else "libx264", rate=rate)
+        stream.width, stream.height = width, height
+        stream.pix_fmt = "rgb24" if lossless else "yuv420p"
+        stream.options = {"crf": "0" if lossless else str(crf), "preset": "medium"}
         stream.thread_count = 1  # x264's threaded lookahead is not bit-reproducible
         astream = None
         if audio is not None:
@@ -80,8 +84,9 @@ def decode_mp4(data: bytes) -> tuple[np.ndarray, float]:
 
 
 def encode_output(image: np.ndarray | None, video: np.ndarray | None, fps: float = 0.0,
-                  audio: np.ndarray | None = None, sample_rate: int = 0) -> tuple[bytes, str]:
+                  audio: np.ndarray | None = None, sample_rate: int = 0,
+                  lossless_video: bool = False) -> tuple[bytes, str]:
     """(bytes, kind) with kind "png" for an image, "mp4" for a video."""
     if image is not None:
         return encode_png(image), "png"
-    return encode_mp4(video, fps, audio, sample_rate), "mp4"
+    return encode_mp4(video, fps, audio, sample_rate, lossless=lossless_video), "mp4"

@@ -89,7 +89,8 @@ def _load(config: dict[str, Any]):
     from difflet.runtime.runner import ModelRunner
 
     return ModelRunner.from_artifacts(config["root"], verify=bool(config.get("verify", True)),
-                                      cache=config["cache"], max_batch=int(config.get("max_batch", 1)))
+                                      cache=config["cache"], max_batch=int(config.get("max_batch", 1)),
+                                      lossless_video=bool(config.get("lossless_video", False)))
 
 
 _SEND_LOCK = threading.Lock()

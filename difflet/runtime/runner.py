@@ -79,7 +79,8 @@ class ModelRunner:
 
     def __init__(self, module: Module, programs: Mapping[str, Callable], host_dir: Path | str,
                  manifest: Manifest | None = None, probe: Callable | None = None,
-                 cache: str | None = "off", sizes: list | None = None, max_batch: int = 1) -> None:
+                 cache: str | None = "off", sizes: list | None = None, max_batch: int = 1,
+                 lossless_video: bool = False) -> None:
         """`sizes`: (size, single-size module, programs) per bucket (Artifacts.sizes());
         None = `module` and `programs` are the one size. `max_batch`: requests run at once."""
         from difflet.ir.buckets import batch_of, size_of, unbatched
@@ -97,6 +98,7 @@ class ModelRunner:
             self.envs[size].gate = _gate(self.envs[size], extra)
         self.env = next(iter(self.envs.values()))  # the default size
         self.max_batch = max(1, int(max_batch))
+        self.lossless_video = lossless_video  # MP4s decode to the generated frames exactly
         self.manifest = manifest
         self.probe = probe
         self.env.asset("stepcache:probe", lambda: probe)  # per server; its state never read across requests
@@ -106,7 +108,7 @@ class ModelRunner:
 
     @classmethod
     def from_artifacts(cls, root: Path | str, verify: bool = True, cache: str | None = "off",
-                       max_batch: int = 1) -> "ModelRunner":
+                       max_batch: int = 1, lossless_video: bool = False) -> "ModelRunner":
         from difflet.codegen.artifacts import load_artifacts
 
         root = Path(root)
@@ -114,7 +116,7 @@ class ModelRunner:
             raise DiffletError("artifact directory does not exist", where=str(root))
         art = load_artifacts(root, verify=verify)  # every program, the probe (role "probe") included
         return cls(art.module, art.programs, art.host_dir, art.manifest, probe=art.probe, cache=cache,
-                   sizes=art.sizes(), max_batch=max_batch)
+                   sizes=art.sizes(), max_batch=max_batch, lossless_video=lossless_video)
 
     @property
     def batch_sizes(self) -> tuple[int, ...]:
@@ -150,7 +152,8 @@ class ModelRunner:
                 state = run_schedule(env, params, hooks)
             finally:
                 rows = env.gate.take_max_rows() if env.gate is not None else 1
-            data, kind = encode_output(state.image, state.video, state.fps, state.audio, state.sample_rate)
+            data, kind = encode_output(state.image, state.video, state.fps, state.audio, state.sample_rate,
+                                       self.lossless_video)
             timings = dict(state.timings, total=(time.perf_counter() - start) * 1000.0)
         stats = dict(state.values.get("cache_stats", {}), batch_rows=rows)
         png, mp4 = (data, b"") if kind == "png" else (b"", data)

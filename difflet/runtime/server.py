@@ -58,7 +58,8 @@ class DiffletServer:
                  request_timeout: float | None = None, grace: float = 10.0, cache: str = "off",
                  replicas: int = 0, expect: dict | None = None, verify: bool = True,
                  threads: int = 0, prompt_policy: str = "truncate", api_key: str | None = None,
-                 tls: tuple[str, str] | None = None, max_batch: int | None = None) -> None:
+                 tls: tuple[str, str] | None = None, max_batch: int | None = None,
+                 lossless_video: bool = False) -> None:
         from difflet.runtime.admission import Admission, check_cache_mode
         from difflet.runtime.dispatcher import Dispatcher
         from difflet.runtime.metrics import Metrics
@@ -83,7 +84,7 @@ class DiffletServer:
         # compiled batch size, so an artifact lowered with --batch-sizes batches as compiled)
         self.max_batch = max_batch or max(self.info.manifest.batch_sizes)
         config = {"root": str(art), "cache": self.cache, "threads": threads, "verify": verify,
-                  "max_batch": self.max_batch, "cores": core_sets(replicas)}
+                  "max_batch": self.max_batch, "cores": core_sets(replicas), "lossless_video": lossless_video}
         self.dispatcher = Dispatcher(config, replicas=replicas, queue_size=queue_size, grace=grace,
                                      precheck=lambda: check_artifacts(art, expect),
                                      metrics=self.metrics, on_health=self._on_health,
@@ -234,6 +235,9 @@ def _expectations(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--profile", "expect", multiple=True, metavar="KEY=VALUE",
               help="serving profile the artifacts must match (model, height, tp, ...); repeatable")
 @click.option("--no-verify", is_flag=True, help="skip artifact checksum verification at load")
+@click.option("--lossless-video", is_flag=True,
+              help="encode videos as lossless RGB H.264 (qp 0): the MP4 decodes to the generated "
+                   "frames exactly; larger files, which browsers do not play")
 @click.option("--prompt-policy", default="truncate", show_default=True,
               type=click.Choice(["truncate", "strict"]),
               help="over-long prompts: truncate per encoder as the reference pipeline does "
@@ -256,7 +260,7 @@ def main(art: str, port: int, host: str, queue_size: int, request_timeout: float
          cache: str, metrics_port: int | None, replicas: int, threads: int,
          expect: tuple[str, ...], no_verify: bool, http_port: int | None, api_key: str | None,
          tls_cert: str | None, tls_key: str | None, http_content_retention: float,
-         http_content_mb: int, prompt_policy: str, max_batch: int) -> None:
+         http_content_mb: int, prompt_policy: str, max_batch: int, lossless_video: bool) -> None:
     """Serve one compiled profile over gRPC (difflet.v1.Difflet + grpc.health.v1 + reflection)."""
     stop = threading.Event()
     serving = threading.Event()
@@ -279,7 +283,8 @@ def main(art: str, port: int, host: str, queue_size: int, request_timeout: float
                                request_timeout=request_timeout or None, grace=grace, cache=cache,
                                replicas=replicas, expect=_expectations(expect), verify=not no_verify,
                                threads=threads, prompt_policy=prompt_policy, api_key=api_key,
-                               tls=(tls_cert, tls_key) if tls_cert else None, max_batch=max_batch or None)
+                               tls=(tls_cert, tls_key) if tls_cert else None, max_batch=max_batch or None,
+                               lossless_video=lossless_video)
         bound = server.start()
         click.echo(f"starting on {host}:{bound}")
         if metrics_port is not None:
