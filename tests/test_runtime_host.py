@@ -146,3 +146,25 @@ def test_invoke_checks_shapes_and_runtime_ranges(eager_runner):
         env.invoke("transformer", **good, valid_text=33)
     with pytest.raises(ValueError, match="shape"):
         env.invoke("transformer", **dict(good, hidden_states=torch.zeros(1, 65, 16)), valid_text=32)
+
+
+def test_invoke_reuses_a_cast_only_for_the_same_unmodified_tensor():
+    """A float32 host tensor passed again to a bfloat16 input reuses the first cast; modifying it
+    in place, or passing an equal new tensor, casts again (the program sees the current values)."""
+    from difflet.ir.nodes import Node, Op, TensorType, Value
+    from difflet.runtime.invoke import bind_inputs
+
+    component = Node(Op.COMPONENT, "c", body=(
+        Node(Op.INPUT, "x", results=(Value("x", TensorType("bfloat16", (2, 3))),)),
+        Node(Op.INPUT, "y", results=(Value("y", TensorType("float32", (2,))),))))
+    memo: dict = {}
+    x, y = torch.randn(2, 3), torch.zeros(2)
+    first = bind_inputs(component, {"x": x, "y": y}, memo)
+    again = bind_inputs(component, {"x": x, "y": y}, memo)
+    assert again[0] is first[0] and again[0].dtype == torch.bfloat16
+    assert again[1] is y  # already the declared dtype: passed through, nothing kept
+    x.mul_(2)  # in place: the version counter moves
+    changed = bind_inputs(component, {"x": x, "y": y}, memo)
+    assert changed[0] is not first[0] and torch.equal(changed[0], x.to(torch.bfloat16))
+    fresh = bind_inputs(component, {"x": x.clone(), "y": y}, memo)
+    assert fresh[0] is not changed[0] and torch.equal(fresh[0], changed[0])

@@ -69,6 +69,7 @@ class HostEnv:
         self._assets: dict[str, Any] = assets if assets is not None else {}  # shared across sizes
         self.gate = None  # a batching.BatchGate when this size has batched programs
         self._locks = self.asset("program-locks", dict)  # id(program) -> Lock, shared across sizes
+        self._casts: dict[str, dict] = {}  # component -> invoke's reuse memo, used under its lock
         for prog in self.programs.values():
             self._locks.setdefault(id(prog), threading.Lock())
 
@@ -83,7 +84,7 @@ class HostEnv:
         program = self.programs[component]
         # a program set after construction (a test's call-counting wrapper) gets its lock here
         with self._locks.setdefault(id(program), threading.Lock()):
-            return invoke(self.component(component), program, values)
+            return invoke(self.component(component), program, values, self._casts.setdefault(component, {}))
 
     def asset(self, key: str, load: Callable[[], Any]) -> Any:
         """A host asset loaded once per server (tokenizers); must be read-only afterwards."""

@@ -54,6 +54,7 @@ class StepCache:
     curve: CurveFit | None = None      # calibrated only
     threshold: float = 0.0             # calibrated only (already resolved from the file)
     accumulate: bool = True            # calibrated only
+    measure: bool = True               # False: full() records no change (None), computes nothing
     prev: torch.Tensor | None = None
     delta: torch.Tensor | None = None
     first_change: float | None = None
@@ -99,6 +100,9 @@ class StepCache:
     def full(self, out: torch.Tensor) -> float | None:
         """Record a computed output; returns its change vs the previous used output (None at first)."""
         change = None
+        if not self.measure:
+            self.changes.append(None)
+            return None
         if self.prev is not None:
             self.delta = out - self.prev
             change = rel_l1(out, self.prev)

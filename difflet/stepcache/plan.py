@@ -28,9 +28,11 @@ class CachePlan:
 
     def controller(self, total: int) -> StepCache:
         cal = self.calibration
+        # "off" reads no change, so it measures none unless a calibration run records them
+        measure = self.mode.kind != "off" or self.record
         if cal is None:
-            return StepCache(self.mode, total)
-        return StepCache(self.mode, total, cal.curve, cal.threshold, cal.accumulate)
+            return StepCache(self.mode, total, measure=measure)
+        return StepCache(self.mode, total, cal.curve, cal.threshold, cal.accumulate, measure=measure)
 
 
 OFF = CachePlan(CacheMode())
