@@ -107,8 +107,9 @@ class CompiledRunner:
     """A loaded AOTInductor package with its weights: `runner(*tensors) -> tuple[Tensor, ...]`.
 
     A bucket program (`constants_path` given) takes its checkpoint tensors from `shared`, a
-    path -> tensors cache that every size of the component shares: the program keeps pointers
-    to those tensors (user-managed constants), so each weight is in memory once.
+    path -> tensors cache that every size of the component shares. On CPU the program keeps
+    pointers to the loaded tensors (user-managed constants), so each weight is in memory once,
+    at load too; on a device the loader copies them there.
     """
 
     def __init__(self, program_path: Path, weights_path: Path, constants_path: Path | None = None,
@@ -121,16 +122,21 @@ class CompiledRunner:
             raise DiffletError(f"cannot load compiled program: {err}", where=program_path) from None
         fqns = list(self._model.get_constant_fqns())
         if constants_path is None:
-            self._model.load_constants(load_program_weights(weights_path, fqns), check_full_update=True)
-            return
-        from safetensors.torch import load_file
+            self._constants = load_program_weights(weights_path, fqns)
+        else:
+            from safetensors.torch import load_file
 
-        cache = shared if shared is not None else {}
-        if weights_path not in cache:
-            cache[weights_path] = load_file(str(weights_path))
-        own = load_program_weights(constants_path, [k for k in fqns if k not in cache[weights_path]])
-        self._constants = {k: cache[weights_path][k] if k in cache[weights_path] else own[k] for k in fqns}
-        self._model.load_constants(self._constants, check_full_update=True, user_managed=True)
+            cache = shared if shared is not None else {}
+            if weights_path not in cache:
+                cache[weights_path] = load_file(str(weights_path))
+            own = load_program_weights(constants_path, [k for k in fqns if k not in cache[weights_path]])
+            self._constants = {k: cache[weights_path][k] if k in cache[weights_path] else own[k] for k in fqns}
+        if self._model.get_metadata().get("AOTI_DEVICE_KEY", "cpu") == "cpu":
+            # the program points at our tensors: a copy would double the weights' memory at load
+            self._model.load_constants(self._constants, check_full_update=True, user_managed=True)
+        else:  # the loader copies them to the device; the host copies can go
+            self._model.load_constants(self._constants, check_full_update=True, allow_h2d_copy=True)
+            self._constants = None
 
     def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         out = self._model(*tensors)
