@@ -4,6 +4,9 @@ Variants (H heads, S tokens, head dim D, keys valid in [0, S - pad)):
   bounded   difflet.kernels.attention_fused.bounded_attention exported with torch.export and
             compiled with AOTInductor (as codegen does), loaded and called with runtime bounds;
   sdpa      eager F.scaled_dot_product_attention with a [1, 1, 1, S] boolean key mask;
+  flex      FlexAttention (torch.nn.attention.flex_attention) with a score_mod that masks keys
+            outside [lo, hi) (the bounds stay runtime tensors), compiled the same way: the
+            alternative mechanism the fused kernel was chosen against;
   ref       (--with-ref) the torch reference (the oracle) compiled the same way: it builds the
             S x S scores, which is what programs ran before the fused kernel.
 Times: all variants loaded in one subprocess and called round-robin, --repeats rounds, median
@@ -93,16 +96,24 @@ def _compile(args) -> None:
     from difflet.kernels.attention_fused import bounded_attention as fused
     from difflet.kernels.attention_ref import bounded_attention as ref
 
-    fn = fused if args.variant == "bounded" else ref
+    def flex(q, k, v, lo, hi):
+        from torch.nn.attention.flex_attention import flex_attention
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return torch.where((kv_idx >= lo) & (kv_idx < hi), score, -float("inf"))
+        return flex_attention(q, k, v, score_mod=score_mod)
+
+    fn = {"bounded": fused, "ref": ref, "flex": flex}[args.variant]
 
     class Attn(torch.nn.Module):
         def forward(self, q, k, v, lo, hi):
             return fn(q, k, v, lo, hi)
 
     dev, dtype = torch.device(args.device), getattr(torch, DTYPES[args.dtype])
-    q = torch.zeros(1, args.heads, args.seq, args.dim, dtype=dtype, device=dev)
+    # three distinct tensors: export would bake one tensor passed three times in as aliased inputs
+    qkv = [torch.randn(1, args.heads, args.seq, args.dim).to(dev, dtype) for _ in range(3)]
     bounds = (torch.tensor(0, device=dev), torch.tensor(args.seq, device=dev))
-    ep = torch.export.export(Attn(), (q, q, q, *bounds), strict=False)
+    ep = torch.export.export(Attn(), (*qkv, *bounds), strict=False)
     torch._inductor.aoti_compile_and_package(ep, package_path=args.package.replace("@", args.variant))
 
 
@@ -146,7 +157,7 @@ def main(argv=None) -> int:
         if not torch.cuda.is_available():
             print("error: --device cuda: no CUDA device is available on this machine", file=sys.stderr)
             return 2
-    variants = ["bounded", "sdpa"] + (["ref"] if args.with_ref else [])
+    variants = ["bounded", "sdpa", "flex"] + (["ref"] if args.with_ref else [])
     args.variants = variants
     result = {"shape": {"heads": args.heads, "seq": args.seq, "dim": args.dim, "valid": args.seq - args.pad},
               "device": args.device, "repeats": args.repeats, "cases": {}}

@@ -1,23 +1,28 @@
 """One denoiser call at real width: diffusers eager vs diffusers + torch.compile vs Difflet's program.
 
-The model is FluxTransformer2DModel at FLUX.1-dev width (24 heads x 128 = 3072 hidden, joint dim
-4096, pooled 768, RoPE axes (16, 56, 56), 64 latent channels) with 1 double + 1 single block and
-random weights (seeded, saved once per dtype as a checkpoint, so every variant runs the same
-weights). Cases: flux512 (1,024 visual + 512 text tokens), flux1024 (4,096 + 512), each in bf16
-and fp32. Per case and variant, in a fresh subprocess (so peak RSS is that variant's alone):
-  eager     the diffusers module, called as FluxPipeline calls it;
+Cases (bench/denoiser_cases.py): FLUX at 512 and 1024 (bf16, fp32) and a HunyuanVideo-shaped
+masked case (10,240 visual tokens, 24 of 256 text keys valid), each module at real width with
+1 double + 1 single block and random weights. Per case and variant, in a fresh subprocess (so peak
+RSS is that variant's alone):
+  eager     the diffusers module, called as its pipeline calls it;
   compile   the same module under torch.compile (inductor, default mode; compile time excluded);
   difflet   the program codegen builds: Difflet's attention installed, torch.export +
-            AOTInductor (weights outside the .so), loaded and fed its constants as the runtime does.
-Reports median ms of --repeats calls after one warm-up, peak RSS MB, ratios difflet/eager and
+            AOTInductor (weights outside the .so), loaded by the runtime's loader (CompiledRunner).
+Reports median ms of --repeats calls after one warm-up, peak RSS MB (the process's, loading
+included; and call_peak_mb, the peak while calling: the high-water mark reset before the
+first call, resident weights included), ratios difflet/eager and
 difflet/compile, and achieved TFLOPS (torch.utils.flop_counter on the eager call) next to this
 machine's measured TFLOPS for a plain linear of the same width and dtype (the practical limit).
+--host-overhead adds, for the bundled flux-shapes model and the first FLUX case of --cases (the
+real-width transformer with flux-tiny's encoders and VAE widened to it), requests served through
+the Python API (DiffletPipeline, the runtime's host loop): a denoising step's wall time minus its
+program call, per step of requests of --steps steps, median of --repeats requests (target <= 0.5 ms).
 Prints JSON (one object: case -> {eager_ms, compile_ms, difflet_ms, eager_peak_mb,
-compile_peak_mb, difflet_peak_mb, tflop, ...}, also to --json) and a markdown table.
+compile_peak_mb, difflet_peak_mb, tflop, host_overhead_ms, ...}, also to --json) and a markdown table.
 
-  python bench/denoiser_real.py [--cases flux512-bf16,flux1024-bf16,...] [--repeats 3] [--quick]
-                                [--device cpu|cuda] [--json FILE]
---quick: flux512-bf16 only, 2 repeats. The 1024 fp32 case takes minutes per call on 2 cores.
+  python bench/denoiser_real.py [--cases flux512-bf16,...,hunyuan10k-bf16] [--repeats 3] [--quick]
+                                [--host-overhead] [--device cpu|cuda] [--json FILE]
+--quick: flux512-bf16 only, 2 repeats. The 1024 fp32 case takes ~15 s per call on 2 cores.
 """
 from __future__ import annotations
 
@@ -29,172 +34,232 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-CONFIG = dict(patch_size=1, in_channels=64, num_layers=1, num_single_layers=1, attention_head_dim=128,
-              num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768,
-              guidance_embeds=True, axes_dims_rope=[16, 56, 56])
-TEXT = 512
-CASES = {f"flux{px}-{dt}": (px, dt) for px in (512, 1024) for dt in ("bf16", "fp32")}
-DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from denoiser_cases import CASES, DTYPES, REPO, checkpoint, dsl, eager_inputs, program_values  # noqa: E402
+
 VARIANTS = ("eager", "compile", "difflet")
 
-DENOISER = """denoiser transformer = diffusers.FluxTransformer2DModel from "transformer" {{
-    config {{ {config} }}
-    dtype dtype
-    input hidden_states:         dtype[1, {v}, 64]
-    input encoder_hidden_states: dtype[1, {text}, 4096]
-    input pooled_projections:    dtype[1, 768]
-    input timestep:              dtype[1]
-    input img_ids:               dtype[{v}, 3]
-    input txt_ids:               dtype[{text}, 3]
-    input guidance:              float32[1]
-    input valid_text: runtime valid_text
-    output sample: dtype[1, {v}, 64] select 0
-    attention "transformer_blocks.*.attn": joint
-        heads 24 head_dim 128 order (text, visual) text_mask false valid valid_text
-    attention "single_transformer_blocks.*.attn": joint
-        heads 24 head_dim 128 order (text, visual) text_mask false valid valid_text
-}}
 
-"""
+def _vm_hwm_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM"))
 
 
-def _dsl(px: int, dtype: str) -> str:
-    """models/flux-tiny.dsl (its tiny encoders and VAE are never built here) with the denoiser
-    replaced by the real-width one and the text length and dtype of the case."""
-    cfg = ", ".join(f"{k}: {json.dumps(v)}" for k, v in CONFIG.items())
-    text = (REPO / "models" / "flux-tiny.dsl").read_text()
-    a, b = text.index("denoiser transformer"), text.index("decoder vae")
-    text = text[:a] + DENOISER.format(config=cfg, v=(px // 16) ** 2, text=TEXT) + text[b:]
-    side = px // 16 * 8  # the tiny VAE's profile size with the case's visual token count
-    for old, new in (("max_text = 32", f"max_text = {TEXT}"), ("dtype    = float32", f"dtype    = {DTYPES[dtype]}"),
-                     ("height   = 32", f"height   = {side}"), ("width    = 32", f"width    = {side}")):
-        text = text.replace(old, new)
-    return text
-
-
-def _inputs(px, dtype, dev):
-    import torch
-
-    g = torch.Generator().manual_seed(1)
-    v, dt = (px // 16) ** 2, getattr(torch, DTYPES[dtype])
-    side = px // 16
-    img_ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(side * 1.0), torch.arange(side * 1.0),
-                                         indexing="ij"), -1).reshape(v, 3)
-    return dict(hidden_states=torch.randn(1, v, 64, generator=g).to(dev, dt),
-                encoder_hidden_states=torch.randn(1, TEXT, 4096, generator=g).to(dev, dt),
-                pooled_projections=torch.randn(1, 768, generator=g).to(dev, dt),
-                timestep=torch.tensor([0.5]).to(dev, dt), img_ids=img_ids.to(dev, dt),
-                txt_ids=torch.zeros(TEXT, 3).to(dev, dt), guidance=torch.tensor([3.5], device=dev))
-
-
-def _child(args) -> dict:
-    """In a fresh process: build the variant, time it, report peak memory (and FLOPs for eager)."""
-    import resource
+def _timed(call, repeats: int, dev) -> dict:
     import statistics
     import time
 
     import torch
 
-    px, dtype = CASES[args.case]
-    dev = torch.device(args.device)
-    kw = _inputs(px, dtype, dev)
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    out = {}
-    if args.variant in ("eager", "compile"):
-        from diffusers import FluxTransformer2DModel
-        model = FluxTransformer2DModel.from_pretrained(args.ckpt, subfolder="transformer",
-                                                       torch_dtype=getattr(torch, DTYPES[dtype])).to(dev).eval()
-        fn = torch.compile(model) if args.variant == "compile" else model
-        call = lambda: fn(**kw, return_dict=False)[0]  # noqa: E731
+    cuda = dev.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     else:
-        from torch._inductor.package import load_package
-
-        from difflet.codegen.build import build_program_module
-        from difflet.codegen.inductor import FQNS_FILE, PROGRAM_FILE, compile_entry, program_weights
-        from difflet.frontend.lower import lower_text
-        from difflet.passes.pipeline import optimize
-
-        module = optimize(lower_text(_dsl(px, dtype), "denoiser_real.dsl"), parallel="tp1",
-                          target=args.device, backend="inductor")
-        node = module.component("transformer")
-        pm = build_program_module(node, args.ckpt)
-        entry = Path(args.work) / f"{args.case}-program"
-        if not (entry / FQNS_FILE).exists():  # the parent's compile-only run (--repeats 0) builds it
-            entry.mkdir(parents=True, exist_ok=True)
-            compile_entry(node, pm, entry)
-        if args.repeats == 0:
-            return {}
-        prog = load_package(str(entry / PROGRAM_FILE))
-        prog.load_constants(program_weights(pm, entry), check_full_update=True)
-        del pm
-        args_ = [kw[k] for k in ("hidden_states", "encoder_hidden_states", "pooled_projections", "timestep",
-                                 "img_ids", "txt_ids", "guidance")] + [torch.tensor(TEXT)]
-        call = lambda: prog(*args_)  # noqa: E731
+        with open("/proc/self/clear_refs", "w") as f:  # the high-water mark restarts at the current RSS
+            f.write("5")
     with torch.inference_mode():
         t0 = time.perf_counter()
         call()  # warm-up (and torch.compile's compilation)
         sync()
-        out["first_ms"] = (time.perf_counter() - t0) * 1e3
+        first = (time.perf_counter() - t0) * 1e3
         times = []
-        for _ in range(args.repeats):
+        for _ in range(repeats):
             t0 = time.perf_counter()
             call()
             sync()
             times.append((time.perf_counter() - t0) * 1e3)
-        out["ms"] = statistics.median(times)
-        if args.variant == "eager":
-            from torch.utils.flop_counter import FlopCounterMode
-            with FlopCounterMode(display=False) as fc:
-                call()
-            out["tflop"] = fc.get_total_flops() / 1e12
-            dt = getattr(torch, DTYPES[dtype])
-            x, w = torch.randn(4096, 3072, dtype=dt, device=dev), torch.randn(3072, 3072, dtype=dt, device=dev)
-            torch.nn.functional.linear(x, w)
-            lt = []
-            for _ in range(5):
-                t0 = time.perf_counter()
-                torch.nn.functional.linear(x, w)
-                sync()
-                lt.append(time.perf_counter() - t0)
-            out["linear_tflops"] = 2 * 4096 * 3072 * 3072 / statistics.median(lt) / 1e12
+    return {"first_ms": first, "ms": statistics.median(times),
+            "call_peak_mb": torch.cuda.max_memory_allocated() / 2**20 if cuda else _vm_hwm_mb()}
+
+
+def _flops(call, dtype: str, dev, sync) -> dict:
+    """FLOPs of one call, and this machine's TFLOPS for a plain linear at FLUX width."""
+    import statistics
+    import time
+
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.inference_mode(), FlopCounterMode(display=False) as fc:
+        call()
+    dt = getattr(torch, DTYPES[dtype])
+    x, w = torch.randn(4096, 3072, dtype=dt, device=dev), torch.randn(3072, 3072, dtype=dt, device=dev)
+    torch.nn.functional.linear(x, w)
+    lt = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        torch.nn.functional.linear(x, w)
+        sync()
+        lt.append(time.perf_counter() - t0)
+    return {"tflop": fc.get_total_flops() / 1e12, "linear_tflops": 2 * 4096 * 3072 * 3072 / statistics.median(lt) / 1e12}
+
+
+def _child(args) -> dict:
+    """In a fresh process: build the variant, time it, report peak memory (and FLOPs for eager)."""
+    import resource
+
+    import torch
+
+    case = CASES[args.case]
+    dev = torch.device(args.device)
+    kw = eager_inputs(case, dev)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    if args.variant in ("eager", "compile"):
+        import diffusers
+        model = getattr(diffusers, case.class_name).from_pretrained(
+            args.ckpt, subfolder="transformer", torch_dtype=getattr(torch, DTYPES[case.dtype])).to(dev).eval()
+        fn = torch.compile(model) if args.variant == "compile" else model
+        call = lambda: fn(**kw, return_dict=False)[0]  # noqa: E731
+    else:
+        from difflet.codegen.inductor import PROGRAM_FILE, CompiledRunner
+        from difflet.frontend.lower import lower_text
+        from difflet.passes.pipeline import optimize
+        from difflet.runtime.invoke import bind_inputs
+
+        module = optimize(lower_text(dsl(case), f"{args.case}.dsl"), parallel="tp1", target=args.device,
+                          backend="inductor")
+        node = module.component("transformer")
+        entry = Path(args.work) / f"{args.case}-program"
+        if args.repeats == 0:  # the parent's compile-only run: program + weights file, as codegen writes
+            from safetensors.torch import save_file
+
+            from difflet.codegen.build import build_program_module
+            from difflet.codegen.inductor import compile_entry, program_weights
+
+            pm = build_program_module(node, args.ckpt)
+            entry.mkdir(parents=True, exist_ok=True)
+            compile_entry(node, pm, entry)
+            save_file(program_weights(pm, entry), str(entry / "weights.safetensors"))
+            return {}
+        prog = CompiledRunner(entry / PROGRAM_FILE, entry / "weights.safetensors")
+        program_args = [a.to(dev) for a in bind_inputs(node, program_values(case, kw))]
+        call = lambda: prog(*program_args)  # noqa: E731
+    out = _timed(call, args.repeats, dev)
+    if args.variant == "eager":
+        out.update(_flops(call, case.dtype, dev, sync))
     out["peak_mb"] = (torch.cuda.max_memory_allocated() / 2**20 if dev.type == "cuda"
                       else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     return out
 
 
-def _checkpoint(dtype: str, dest: Path) -> None:
-    import torch
-    from diffusers import FluxTransformer2DModel
+def _host(args) -> dict:
+    """In a fresh process: requests served through DiffletPipeline (the runtime's host loop); per
+    denoising step, its wall time (cached_loop's full_step_ms) minus the program call inside it."""
+    import time
 
-    torch.manual_seed(0)
-    FluxTransformer2DModel(**CONFIG).to(getattr(torch, DTYPES[dtype])).save_pretrained(str(dest / "transformer"))
+    from difflet.pipeline import DiffletPipeline
+
+    if args.case == "flux-shapes":
+        weights, model = REPO / "difflet" / "assets" / "flux-shapes", "flux-shapes"
+    else:  # the case's real-width denoiser with flux-tiny's tiny encoders and VAE, random weights
+        weights, model = "random:0", Path(args.work) / f"{args.case}.dsl"
+        model.write_text(dsl(CASES[args.case]))
+    with DiffletPipeline.from_pretrained(weights, model=model, store=Path(args.work) / "store") as pipe:
+        env = pipe.runner.env
+        (name,) = [c.name for c in env.module.components("denoiser")]
+        program, calls = env.programs[name], []
+
+        def timed(*a):
+            t0 = time.perf_counter()
+            out = program(*a)
+            calls.append((time.perf_counter() - t0) * 1e3)
+            return out
+
+        env.programs[name] = timed
+        pipe("a red circle", num_inference_steps=2, seed=0)  # warm-up
+        step_ms, program_ms = [], []
+        for seed in range(args.repeats):
+            calls.clear()
+            stats = pipe("a red circle", num_inference_steps=args.steps, seed=seed).results[0].stats
+            step_ms.append(stats["full_step_ms"] / stats["denoiser_calls"])
+            program_ms.append(sum(calls) / len(calls))
+    over = sorted(s - p for s, p in zip(step_ms, program_ms))
+    return {"host_step_ms": sorted(step_ms)[len(step_ms) // 2], "host_program_ms": sorted(program_ms)[len(program_ms) // 2],
+            "host_overhead_ms": over[len(over) // 2], "host_steps": args.steps}
+
+
+def _run_child(args, env, **extra) -> dict:
+    cmd = [sys.executable, __file__, "--child", "--device", args.device, "--repeats", str(args.repeats),
+           "--steps", str(args.steps)] + [x for k, v in extra.items() for x in (f"--{k}", str(v))]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"error: {' '.join(cmd[2:])} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1]) if proc.stdout.strip() else {}
+
+
+def _measure(args, case: str, work: str, env) -> dict:
+    row = {"tokens": CASES[case].tokens} if case in CASES else {}
+    if case in CASES and args.variants:
+        ckpt = Path(work) / f"ckpt-{CASES[case].family}-{CASES[case].dtype}"
+        if not ckpt.exists():
+            checkpoint(CASES[case], ckpt)
+        for variant in args.variants.split(","):
+            common = dict(case=case, variant=variant, ckpt=ckpt, work=work)
+            if variant == "difflet":  # compile in its own process first: its memory is not the call's
+                _run_child(argparse.Namespace(**{**vars(args), "repeats": 0}), env, **common)
+            r = _run_child(args, env, **common)
+            row[f"{variant}_ms"], row[f"{variant}_peak_mb"] = r["ms"], r["peak_mb"]
+            row[f"{variant}_call_peak_mb"] = r["call_peak_mb"]
+            row.update({k: r[k] for k in ("tflop", "linear_tflops") if k in r})
+    if case in args.host_cases:
+        row.update(_run_child(args, env, case=case, variant="host", work=work))
+    if "difflet_ms" in row:
+        for base in ("eager", "compile"):
+            if f"{base}_ms" in row:
+                row[f"difflet_vs_{base}"] = row["difflet_ms"] / row[f"{base}_ms"]
+        if "eager_peak_mb" in row:
+            row["difflet_peak_vs_eager"] = row["difflet_peak_mb"] / row["eager_peak_mb"]
+            row["difflet_call_peak_vs_eager"] = row["difflet_call_peak_mb"] / row["eager_call_peak_mb"]
+    if "tflop" in row:
+        for v in args.variants.split(","):
+            row[f"{v}_tflops"] = row["tflop"] / (row[f"{v}_ms"] / 1e3)
+    return row
+
+
+def _table(result: dict, args) -> str:
+    f = lambda row, k, p=0: f"{row[k]:,.{p}f}" if k in row else "-"  # noqa: E731
+    lines = [f"{args.device}, median of {args.repeats} calls, 1 double + 1 single block at real width", "",
+             "| case | tokens | eager ms | compile ms | difflet ms | difflet / eager | difflet / compile | "
+             "peak MB eager / difflet | TFLOP | TFLOPS eager / difflet | linear TFLOPS | host overhead ms/step |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for case, r in result.items():
+        lines.append(f"| {case} | {r.get('tokens', '-')} | {f(r, 'eager_ms')} | {f(r, 'compile_ms')} | "
+                     f"{f(r, 'difflet_ms')} | {f(r, 'difflet_vs_eager', 2)} | {f(r, 'difflet_vs_compile', 2)} | "
+                     f"{f(r, 'eager_peak_mb')} / {f(r, 'difflet_peak_mb')} | {f(r, 'tflop', 2)} | "
+                     f"{f(r, 'eager_tflops', 3)} / {f(r, 'difflet_tflops', 3)} | {f(r, 'linear_tflops', 3)} | "
+                     f"{f(r, 'host_overhead_ms', 3)} |")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", default="flux512-bf16,flux512-fp32,flux1024-bf16,flux1024-fp32")
+    ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="flux512-bf16 only, 2 repeats")
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="'' with --host-overhead: host only")
+    ap.add_argument("--host-overhead", action="store_true", help="also flux-shapes and one FLUX case served")
+    ap.add_argument("--steps", type=int, default=8, help="denoising steps per --host-overhead request")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--case", help=argparse.SUPPRESS)
-    ap.add_argument("--variant", help=argparse.SUPPRESS)
-    ap.add_argument("--ckpt", help=argparse.SUPPRESS)
-    ap.add_argument("--work", help=argparse.SUPPRESS)
+    ap.add_argument("--md", type=Path)
+    for hidden in ("--child", "--case", "--variant", "--ckpt", "--work"):
+        ap.add_argument(hidden, action="store_true" if hidden == "--child" else None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        print(json.dumps(_child(args)))
+        print(json.dumps(_host(args) if args.variant == "host" else _child(args)))
         return 0
     if args.quick:
         args.cases, args.repeats = "flux512-bf16", 2
     cases = args.cases.split(",")
     bad = [c for c in cases if c not in CASES]
-    if bad:
-        print(f"error: --cases: unknown {bad}; expected some of {sorted(CASES)}", file=sys.stderr)
+    bad_variants = [v for v in filter(None, args.variants.split(",")) if v not in VARIANTS]
+    if bad or bad_variants:
+        print(f"error: --cases/--variants: unknown {bad + bad_variants}; expected cases {sorted(CASES)}, "
+              f"variants {list(VARIANTS)}", file=sys.stderr)
         return 2
+    flux = [c for c in cases if CASES[c].family == "flux"]
+    args.host_cases = (["flux-shapes"] + flux[:1]) if args.host_overhead else []
     if args.device == "cuda":
         import torch
         if not torch.cuda.is_available():
@@ -203,47 +268,16 @@ def main(argv=None) -> int:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     result = {}
     with tempfile.TemporaryDirectory() as work:
-        for case in cases:
-            px, dtype = CASES[case]
-            ckpt = Path(work) / f"ckpt-{dtype}"
-            if not ckpt.exists():
-                _checkpoint(dtype, ckpt)
-            row = {}
-            for variant in args.variants.split(","):
-                cmd = [sys.executable, __file__, "--child", "--case", case, "--variant", variant, "--ckpt",
-                       str(ckpt), "--work", work, "--repeats", str(args.repeats), "--device", args.device]
-                if variant == "difflet":  # compile in its own process first: its memory is not the call's
-                    subprocess.run(cmd[:2] + ["--child", "--case", case, "--variant", variant, "--ckpt", str(ckpt),
-                                              "--work", work, "--repeats", "0", "--device", args.device],
-                                   check=True, capture_output=True, text=True, env=env)
-                r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True,
-                                              env=env).stdout.strip().splitlines()[-1])
-                row[f"{variant}_ms"], row[f"{variant}_peak_mb"] = r["ms"], r["peak_mb"]
-                row.update({k: r[k] for k in ("tflop", "linear_tflops") if k in r})
-            if "difflet_ms" in row:
-                for base in ("eager", "compile"):
-                    if f"{base}_ms" in row:
-                        row[f"difflet_vs_{base}"] = row["difflet_ms"] / row[f"{base}_ms"]
-                if "eager_peak_mb" in row:
-                    row["difflet_peak_vs_eager"] = row["difflet_peak_mb"] / row["eager_peak_mb"]
-            if "tflop" in row:
-                for v in args.variants.split(","):
-                    row[f"{v}_tflops"] = row["tflop"] / (row[f"{v}_ms"] / 1e3)
-            result[case] = row
-            print(json.dumps({case: row}), flush=True)
+        for case in (["flux-shapes"] if args.host_overhead else []) + cases:
+            result[case] = _measure(args, case, work, env)
+            print(json.dumps({case: result[case]}), flush=True)
     print(json.dumps(result, indent=1))
+    table = _table(result, args)
+    print("\n" + table)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"\n{args.device}, median of {args.repeats} calls, 1 double + 1 single block at FLUX width\n")
-    print("| case | eager ms | compile ms | difflet ms | difflet / eager | difflet / compile | "
-          "peak MB eager / difflet | TFLOP | TFLOPS eager / difflet | linear TFLOPS |\n"
-          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    f = lambda row, k, p=0: f"{row[k]:.{p}f}" if k in row else "-"  # noqa: E731
-    for case, r in result.items():
-        print(f"| {case} | {f(r, 'eager_ms')} | {f(r, 'compile_ms')} | {f(r, 'difflet_ms')} | "
-              f"{f(r, 'difflet_vs_eager', 2)} | {f(r, 'difflet_vs_compile', 2)} | "
-              f"{f(r, 'eager_peak_mb')} / {f(r, 'difflet_peak_mb')} | {f(r, 'tflop', 2)} | "
-              f"{f(r, 'eager_tflops', 3)} / {f(r, 'difflet_tflops', 3)} | {f(r, 'linear_tflops', 3)} |")
+    if args.md:
+        args.md.write_text(table + "\n")
     return 0
 
 
