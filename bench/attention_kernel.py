@@ -13,7 +13,7 @@ Times: all variants loaded in one subprocess and called round-robin, --repeats r
 per variant (on a shared machine, load changes between separate runs would swamp the ratio; the
 variant's own subprocess time is kept as alone_ms). Memory: each variant runs in a fresh
 subprocess (compilation in yet another one), so peak RSS is that variant's alone: torch + the AOTInductor loader + inputs + the call. Reports median ms over
---repeats calls, peak RSS MB (CPU: ru_maxrss; CUDA: max_memory_allocated), the call's extra
+--repeats calls, peak RSS MB (CPU: VmHWM; CUDA: max_memory_allocated), the call's extra
 memory (peak minus the resident size just before the first call), and ratios to sdpa. Prints JSON (also to --json)
 and a markdown table. Targets: bounded/sdpa time <= 1.1x, peak RSS <= 1.2x.
 
@@ -33,9 +33,13 @@ from pathlib import Path
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 
 
+def _vm_hwm_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM"))
+
+
 def _child(args) -> dict:
     """Runs in the subprocess: build inputs, load or define the variant, time it."""
-    import resource
     import statistics
     import time
 
@@ -85,7 +89,7 @@ def _child(args) -> dict:
         sync()
         times.append((time.perf_counter() - t0) * 1e3)
     peak = (torch.cuda.max_memory_allocated() / 2**20 if dev.type == "cuda"
-            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+            else _vm_hwm_mb())  # not ru_maxrss: Linux carries it over fork and exec
     return {"ms": statistics.median(times), "peak_mb": peak, "call_extra_mb": peak - before}
 
 

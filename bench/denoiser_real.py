@@ -97,8 +97,6 @@ def _flops(call, dtype: str, dev, sync) -> dict:
 
 def _child(args) -> dict:
     """In a fresh process: build the variant, time it, report peak memory (and FLOPs for eager)."""
-    import resource
-
     import torch
 
     case = CASES[args.case]
@@ -138,8 +136,8 @@ def _child(args) -> dict:
     out = _timed(call, args.repeats, dev)
     if args.variant == "eager":
         out.update(_flops(call, case.dtype, dev, sync))
-    out["peak_mb"] = (torch.cuda.max_memory_allocated() / 2**20 if dev.type == "cuda"
-                      else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over fork and exec from the parent
+    out["peak_mb"] = torch.cuda.max_memory_allocated() / 2**20 if dev.type == "cuda" else _vm_hwm_mb()
     return out
 
 
