@@ -7,7 +7,9 @@ Invariants:
 - Float tensors are cast to the program's declared dtype (the host computes in float32).
 - With a `reuse` memo, a cast is reused while the caller passes the very same, unmodified tensor
   object again (a request's text embeddings on every step): identity via weakref, unmodified via
-  the version counter (inference tensors cannot be modified outside inference mode).
+  the version counter (inference tensors cannot be modified outside inference mode). A cast is
+  kept only from an input's second call with that tensor on, so one-off inputs (latents, a VAE's
+  chunk caches) never hold a copy between calls.
 """
 from __future__ import annotations
 
@@ -57,16 +59,25 @@ def bind_inputs(component: Node, values: Mapping[str, Any], reuse: dict | None =
         if tuple(tensor.shape) != tuple(declared.shape):
             raise ValueError(f"program {component.name!r} input {node.name!r}: shape "
                              f"{tuple(tensor.shape)} != compiled {tuple(declared.shape)}")
-        version = None if tensor.is_inference() else tensor._version
-        hit = reuse.get(node.name) if reuse is not None else None
-        if hit is not None and hit[0]() is tensor and hit[1] == version:
-            args.append(hit[2])
-            continue
-        cast = tensor.to(torch_dtype(declared.dtype)).contiguous()
-        if reuse is not None and cast is not tensor:  # only a copy is worth keeping
-            reuse[node.name] = (weakref.ref(tensor), version, cast)
-        args.append(cast)
+        args.append(_cast(tensor, torch_dtype(declared.dtype), reuse, node.name))
     return tuple(args)
+
+
+def _cast(tensor: torch.Tensor, dtype: torch.dtype, reuse: dict | None, name: str) -> torch.Tensor:
+    """`tensor` as a contiguous `dtype` tensor; through `reuse[name]`: (weakref, version, cast or
+    None until the same tensor comes a second time)."""
+    if reuse is None:
+        return tensor.to(dtype).contiguous()
+    version = None if tensor.is_inference() else tensor._version
+    seen = reuse.get(name)
+    if seen is not None and seen[0]() is tensor and seen[1] == version:
+        if seen[2] is None:
+            reuse[name] = (seen[0], version, tensor.to(dtype).contiguous())
+        return reuse[name][2]
+    cast = tensor.to(dtype).contiguous()
+    # a tensor already in the program's dtype is passed through: nothing to keep
+    reuse[name] = (weakref.ref(tensor), version, None) if cast is not tensor else None
+    return cast
 
 
 def invoke(component: Node, program: Callable, values: Mapping[str, Any],
