@@ -23,7 +23,7 @@ compile_peak_mb, difflet_peak_mb, tflop, host_overhead_ms, ...}, also to --json)
 
   python bench/denoiser_real.py [--cases flux512-bf16,...,hunyuan10k-bf16] [--repeats 3] [--quick]
                                 [--host-overhead] [--device cpu|cuda] [--json FILE]
---quick: flux512-bf16 only, 2 repeats. The 1024 fp32 case takes ~15 s per call on 2 cores.
+--quick: flux512-bf16 only, 2 repeats. The 1024 fp32 case takes ~20 s per call on 2 cores.
 """
 from __future__ import annotations
 
@@ -196,20 +196,21 @@ def _run_child(args, env, **extra) -> dict:
 
 def _measure(args, case: str, work: str, env) -> dict:
     row = {"tokens": CASES[case].tokens} if case in CASES else {}
+    compile_only = argparse.Namespace(**{**vars(args), "repeats": 0})  # its memory is not the calls'
     if case in CASES and args.variants:
         ckpt = Path(work) / f"ckpt-{CASES[case].family}-{CASES[case].dtype}"
         if not ckpt.exists():
             checkpoint(CASES[case], ckpt)
         for variant in args.variants.split(","):
             common = dict(case=case, variant=variant, ckpt=ckpt, work=work)
-            if variant == "difflet":  # compile in its own process first: its memory is not the call's
-                _run_child(argparse.Namespace(**{**vars(args), "repeats": 0}), env, **common)
+            if variant == "difflet":  # compile in its own process first
+                _run_child(compile_only, env, **common)
             r = _run_child(args, env, **common)
             row[f"{variant}_ms"], row[f"{variant}_peak_mb"] = r["ms"], r["peak_mb"]
             row[f"{variant}_call_peak_mb"] = r["call_peak_mb"]
             row.update({k: r[k] for k in ("tflop", "linear_tflops") if k in r})
     if case in args.host_cases:
-        _run_child(argparse.Namespace(**{**vars(args), "repeats": 0}), env, case=case, variant="host", work=work)
+        _run_child(compile_only, env, case=case, variant="host", work=work)  # a server never compiles
         row.update(_run_child(args, env, case=case, variant="host", work=work))
     if "difflet_ms" in row:
         for base in ("eager", "compile"):
