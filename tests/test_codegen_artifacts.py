@@ -65,6 +65,20 @@ def test_compiled_denoiser_takes_valid_text_at_run_time(art, flux_tiny_module, f
         torch.testing.assert_close(art.programs["transformer"](*x)[0], eager(*x)[0], atol=ATOL, rtol=0)
 
 
+def test_cpu_program_runs_on_the_loaded_weights_not_a_copy(flux_tiny_art):
+    """On CPU a loaded program points at the weight tensors read from the ART (user-managed
+    constants), so weights are in memory once: changing one in place changes the output. A
+    loader that copied them into the program would give the same output twice."""
+    vae = load_artifacts(flux_tiny_art).programs["vae"]
+    runner = vae._runner
+    x = _inputs(vae)
+    before = vae(*x)[0]
+    name = next(k for k, t in runner._constants.items() if t.is_floating_point() and t.dim() == 4)
+    runner._constants[name].mul_(0.5)
+    after = vae(*x)[0]
+    assert (after - before).abs().max().item() > 1e-3
+
+
 def test_program_refuses_inputs_of_the_wrong_type(art):
     program = art.programs["transformer"]
     x = _inputs(program)
