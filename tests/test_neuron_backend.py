@@ -106,6 +106,9 @@ def test_probe_state_is_an_aliased_output_not_an_in_place_update(probe):
     assert torch.equal(score, want) and torch.equal(pm.prev_feature, feature)
     ep = torch.export.export(program, args, strict=False)
     assert not ep.graph_signature.buffers_to_mutate  # nothing an exporter could silently drop
+    # the traced module's weights are named as the ART's weights file names them (replace_weights)
+    assert program.state_dict().keys() == pm.state_dict().keys()
+    assert all(a.data_ptr() == b.data_ptr() for a, b in zip(program.state_dict().values(), pm.state_dict().values()))
 
 
 def test_program_weights_are_the_state_dict_without_shared_storage(probe):

@@ -17,14 +17,21 @@ import torch
 
 
 class AliasedStateProgram(torch.nn.Module):
-    """`pm.compute` with the state returned out of place: (*outputs, *new_state)."""
+    """`pm.compute` with the state returned out of place: (*outputs, *new_state).
+
+    pm's submodules, parameters and buffers are registered here under their own names (not
+    under a submodule), so the traced program's state-dict keys are pm's: the keys
+    `replace_weights` receives from the ART's weights file (`program_weights(pm)`)."""
 
     def __init__(self, pm: torch.nn.Module) -> None:
         super().__init__()
-        self.inner = pm
+        self._modules.update(pm._modules)
+        self._parameters.update(pm._parameters)
+        self._buffers.update(pm._buffers)
+        object.__setattr__(self, "_compute", pm.compute)  # pm's method, not a registered submodule
 
     def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(self.inner.compute(*args))
+        return tuple(self._compute(*args))
 
 
 def aliased_program(pm: torch.nn.Module) -> tuple[torch.nn.Module, dict, list[int]]:
