@@ -148,7 +148,9 @@ def check_component(comp, ckpt: Path, how: str = "device-data") -> dict:
     from difflet.codegen.build import build_program_module
     from difflet.codegen.neuron_inputs import runtime_positions, vector_runtime_inputs
 
-    row = {"component": comp.name, "class": comp.attrs["class"], "dtype": comp.attrs.get("dtype", "float32"),
+    branch = comp.attrs.get("branch")  # a branch program (codegen/branches.py): say which
+    label = comp.name + (f" ({', '.join(f'{k}={v}' for k, v in branch.items())})" if branch else "")
+    row = {"component": label, "class": comp.attrs["class"], "dtype": comp.attrs.get("dtype", "float32"),
            "runtime_values": runtime_values(comp), "upload": how}
     stage = "build"
     try:
@@ -255,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("XLA_IR_DEBUG", "1")
     os.environ.setdefault("XLA_HLO_DEBUG", "1")
     import torch_xla
+    from difflet.codegen.branches import branch_views
     from difflet.codegen.checkpoint import resolve_weights
     from difflet.codegen.quiet import quiet_libraries
     from difflet.codegen.store import Store
@@ -267,18 +270,28 @@ def main(argv: list[str] | None = None) -> int:
         for comp in module.components():
             if args.component and comp.name not in args.component:
                 continue
-            with quiet_libraries():
-                row = {"model": name, **check_component(comp, ckpt, args.upload)}
-            print(json.dumps(row), flush=True)
-            rows.append(row)
+            # what codegen compiles for trn2 (no control flow): one program per branch value
+            for _, view in branch_views(comp, control_flow=False) or [(None, comp)]:
+                with quiet_libraries():
+                    row = {"model": name, **check_component(view, ckpt, args.upload)}
+                print(json.dumps(row), flush=True)
+                rows.append(row)
     env = {"torch": torch.__version__, "torch_xla": torch_xla.__version__, "python": sys.version.split()[0],
            "pjrt_device": os.environ["PJRT_DEVICE"],
            "xla_flags": {k: v for k, v in os.environ.items() if k.startswith("XLA_")},
            "upload": args.upload}
-    if args.update and Path(args.out + ".json").exists():  # keep the other rows, in their order
-        new = {(r["model"], r["component"]): r for r in rows}
-        old = json.loads(Path(args.out + ".json").read_text())["rows"]
-        rows = [new.pop((r["model"], r["component"]), r) for r in old] + list(new.values())
+    if args.update and Path(args.out + ".json").exists():  # keep the other components' rows, in their order
+        def base(r):  # a branch program's row belongs to its component
+            return r["model"], r["component"].split(" ")[0]
+
+        checked, merged, placed = {base(r) for r in rows}, [], set()
+        for r in json.loads(Path(args.out + ".json").read_text())["rows"]:
+            if base(r) not in checked:
+                merged.append(r)
+            elif base(r) not in placed:
+                merged += [n for n in rows if base(n) == base(r)]
+                placed.add(base(r))
+        rows = merged + [n for n in rows if base(n) not in placed]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out + ".json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1) + "\n")
     Path(args.out + ".md").write_text(markdown(rows))

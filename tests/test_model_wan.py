@@ -98,16 +98,97 @@ def test_chunked_vae_program_equals_autoencoder_decode(module, programs, pipe):
     z = torch.randn(1, 4, 3, 4, 4, generator=torch.Generator().manual_seed(2)) * 1.5
     with torch.no_grad():
         want = pipe.vae.decode(z).sample
-    # frame 0 must not read its cache inputs: give it garbage
     caches = [torch.full(n.results[0].type.shape, 7.0) for n in module.component("vae").find(Op.INPUT)[2:]]
-    out, *caches = run(programs["vae"], z[:, :, :1], torch.tensor(1), *caches)
+    out, *_ = run(programs["vae"], z[:, :, :1], torch.tensor(1), *caches)
     assert torch.equal(out[:, :, 1:], torch.zeros_like(out[:, :, 1:]))  # unused frames are zero-filled: exact
-    frames = out[:, :, :1]
-    for i in (1, 2):
-        out, *caches = run(programs["vae"], z[:, :, i:i + 1], torch.tensor(0), *caches)
-        frames = torch.cat([frames, out], dim=2)
+    frames = _chunked_decode(programs["vae"], module, z)
     assert frames.shape == want.shape == (1, 3, 9, 32, 32)
     assert (frames - want).abs().max().item() <= 1e-4
+
+
+def _chunked_decode(program, module, z):
+    """Decode latents [1, 4, T, h, w] chunk by chunk through the chunk program (caches carried);
+    frame 0's cache inputs are garbage, which it must not read."""
+    caches = [torch.full(n.results[0].type.shape, 7.0) for n in module.component("vae").find(Op.INPUT)[2:]]
+    frames = None
+    for i in range(z.shape[2]):
+        out, *caches = run(program, z[:, :, i:i + 1], torch.tensor(int(i == 0)), *caches)
+        frames = out[:, :, :1] if i == 0 else torch.cat([frames, out], dim=2)
+    return frames
+
+
+def test_branch_views_equal_the_one_program(module, ckpt):
+    """The decoder built per value of `first` (what a target without control flow compiles:
+    codegen/branches.py) computes exactly what the torch.cond program computes at that value
+    (eager: the same ops in the same order, so equal bit for bit)."""
+    from difflet.codegen.branches import branch_views
+    from difflet.codegen.build import build_program_module
+
+    comp = module.component("vae")
+    one = build_program_module(comp, ckpt)
+    views = branch_views(comp, control_flow=False)
+    assert [v for v, _ in views] == [0, 1] and branch_views(comp, control_flow=True) == []
+    gen = torch.Generator().manual_seed(4)
+    z = torch.randn(comp.find(Op.INPUT)[0].results[0].type.shape, generator=gen)
+    caches = [torch.randn(n.results[0].type.shape, generator=gen) for n in comp.find(Op.INPUT)[2:]]
+    for value, view in views:
+        assert [n.name for n in view.find(Op.INPUT)] == ["z", "cache0", "cache1", "cache2", "cache3"]
+        assert view.attrs["cache_key"] != comp.attrs["cache_key"]
+        with torch.no_grad():
+            want = one(z, torch.tensor(value), *caches)
+            got = build_program_module(view, ckpt)(z, *caches)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+@pytest.fixture(scope="module")
+def branch_art(module, ckpt, tmp_path_factory):
+    """wan2.1-tiny compiled as for a target without control flow (trn2's table says so; the
+    inductor backend stands in for neuronx-cc): the VAE as one program per value of `first`."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("difflet.codegen.branches.target_control_flow", lambda module: False)
+        return compile_art(module, ckpt, tmp_path_factory.mktemp("wan-tiny-branch-art"))
+
+
+def test_branch_programs_are_served_and_equal_the_pipeline(module, branch_art, pipe):
+    from difflet.codegen.artifacts import load_artifacts
+    from difflet.codegen.manifest import read_manifest
+    from difflet.runtime.runner import ModelRunner
+
+    entry = read_manifest(branch_art).components["vae"]
+    assert entry.branch_input == "first" and [b.value for b in entry.branches] == [0, 1]
+    assert len({b.files.program.path for b in entry.branches}) == 2  # two programs, one weights file
+    assert len({b.files.weights.path for b in entry.branches}) == 1 and entry.ranks[0] == entry.branches[0].files
+    z = torch.randn(1, 4, 3, 4, 4, generator=torch.Generator().manual_seed(2)) * 1.5
+    with torch.no_grad():
+        want = pipe.vae.decode(z).sample
+    got = _chunked_decode(load_artifacts(branch_art).programs["vae"], module, z)
+    assert (got - want).abs().max().item() <= 1e-4  # the one-program test's bar
+    runner = ModelRunner.from_artifacts(branch_art)
+    params = runner.resolve(prompt=PROMPT, seed=11, steps=2, guidance=3.0)
+    ref = reference_video(pipe, runner.profile, PROMPT, 11, 2, 3.0)
+    video = runner.generate(params).video
+    worst = min(psnr(video[f], ref[f]) for f in range(ref.shape[0]))
+    assert worst >= 40.0, f"worst frame PSNR {worst:.1f} dB"
+
+
+def test_a_branch_program_of_another_key_is_refused(branch_art, tmp_path):
+    """A branch whose key is not the component's branch key is never loaded."""
+    import shutil
+
+    import msgspec
+
+    from difflet.codegen.artifacts import load_artifacts
+    from difflet.codegen.manifest import read_manifest, write_manifest
+
+    art = tmp_path / "art"
+    shutil.copytree(branch_art, art)
+    manifest = read_manifest(art)
+    entry = manifest.components["vae"]
+    bad = msgspec.structs.replace(entry.branches[1], cache_key="0" * 64)
+    components = {**manifest.components, "vae": msgspec.structs.replace(entry, branches=(entry.branches[0], bad))}
+    write_manifest(art, msgspec.structs.replace(manifest, components=components))
+    with pytest.raises(DiffletError, match="branch program first=1 of 'vae' does not belong"):
+        load_artifacts(art)
 
 
 def reference_video(pipe, profile, prompt, seed, steps, guidance, negative_prompt=None) -> np.ndarray:

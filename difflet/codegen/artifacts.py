@@ -125,8 +125,9 @@ def _load_entry(root: Path, manifest: Manifest, node: Node, name: str, entry: Co
             raise DiffletError(f"program of {name!r} was built for cache key {entry.cache_key[:12]}... "
                                f"but module.ir says {str(node.attrs.get('cache_key'))[:12]}...; "
                                "re-run `difflet codegen`", where=root / entry.ranks[0].program.path)
-        for r, files in enumerate(entry.ranks):
-            which = f" (rank {r})" if entry.world > 1 else ""
+        labelled = ([(f" ({entry.branch_input}={b.value})", b.files) for b in entry.branches] if entry.branches
+                    else [(f" (rank {r})" if entry.world > 1 else "", f) for r, f in enumerate(entry.ranks)])
+        for which, files in labelled:
             _check_hash(root, files.program, f"program of {name!r}{which}")
             _check_hash(root, files.weights, f"weights of {name!r}{which}")
             if files.constants is not None:
@@ -141,6 +142,8 @@ def _load_entry(root: Path, manifest: Manifest, node: Node, name: str, entry: Co
 
         return split_program(node, manifest.backend, [root / f.program.path for f in entry.ranks],
                              [root / f.weights.path for f in entry.ranks])
+    if entry.branches:
+        return _load_branches(root, manifest, node, name, entry, verify, shared)
     files = entry.ranks[0]
     if files.constants is None:
         return load_runner(manifest.backend, root / files.program.path, root / files.weights.path)
@@ -176,3 +179,27 @@ def load_artifacts(root: str | os.PathLike, verify: bool = True) -> Artifacts:
         else:
             art.programs[name] = loaded if entry.world > 1 or entry.cfg > 1 else Program(node, loaded)
     return art
+
+
+def _load_branches(root: Path, manifest: Manifest, node: Node, name: str, entry: Component, verify: bool,
+                   shared: dict | None):
+    """A branch set as one runner (codegen/branches.py): each branch's program over the shared
+    weights file, loaded once; every branch's key checked against the component's."""
+    from difflet.codegen.backends import load_runner
+    from difflet.codegen.branches import BranchRunner, branch_key
+
+    names = [n.name for n in node.find(Op.INPUT)]
+    if entry.branch_input not in names:
+        raise DiffletError(f"branch input {entry.branch_input!r} of {name!r} is not an input of module.ir's "
+                           "component", where=root / MANIFEST)
+    shared = shared if shared is not None else {}
+    runners = {}
+    for branch in entry.branches:
+        if verify and branch.cache_key != branch_key(entry.cache_key, entry.branch_input, branch.value):
+            raise DiffletError(f"branch program {entry.branch_input}={branch.value} of {name!r} does not belong "
+                               "to the component's cache key; re-run `difflet codegen`",
+                               where=root / branch.files.program.path)
+        files = branch.files
+        runners[branch.value] = load_runner(manifest.backend, root / files.program.path, root / files.weights.path,
+                                            root / files.constants.path, shared)
+    return BranchRunner(names.index(entry.branch_input), runners)

@@ -30,8 +30,8 @@ def get_backend(name: str) -> ModuleType:
 
 def load_runner(backend: str, program: Path, weights: Path, constants: Path | None = None,
                 shared: dict | None = None):
-    """A backend's loaded program; bucket programs pass their `constants` file and the shared
-    weights cache (inductor only: codegen builds buckets for no other backend)."""
+    """A backend's loaded program; bucket and branch programs pass their `constants` file and the
+    shared weights cache (path -> tensors: a weights file several programs share is read once)."""
     if constants is None:
         return get_backend(backend).CompiledRunner(program, weights)
     return get_backend(backend).CompiledRunner(program, weights, constants, shared)

@@ -39,7 +39,10 @@ def check_cmd(ir: str, target: str, weights: str | None, only: tuple[str, ...], 
         from difflet.codegen.store import Store
 
         ckpt = resolve_weights(module, weights, Store(store).root)
-    findings = check_module(module, table, ckpt, only)
+    from difflet.codegen.quiet import quiet_libraries
+
+    with quiet_libraries():  # library warnings (dtype casts, loading) are not findings
+        findings = check_module(module, table, ckpt, only)
     bad = 0
     for name, found in findings.items():
         for f in found:

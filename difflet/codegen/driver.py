@@ -96,8 +96,8 @@ def _cfg(node: Node) -> int:
     return cfg_degree(node) if node.op == Op.COMPONENT else 1
 
 
-def _log_line(name: str, created: bool, seconds: float, key: str, world: int = 1) -> str:
-    ranks = f" on {world} ranks" if world > 1 else ""
+def _log_line(name: str, created: bool, seconds: float, key: str, world: int = 1, branches: int = 0) -> str:
+    ranks = f" on {world} ranks" if world > 1 else f" as {branches} branch programs" if branches else ""
     return f"{name}: {'compiled' if created else 'reused'}{ranks} in {seconds:.1f} s (key {key[:8]})"
 
 
@@ -142,9 +142,14 @@ def _codegen(module: Module, weights, out: Path, backend: str, store, log, verbo
         entries[node.name] = entry
         result.seconds[node.name] = seconds
         (result.compiled if created else result.reused).append(node.name)
-        log(_log_line(node.name, created, seconds, entry.cache_key, entry.world))
+        log(_log_line(node.name, created, seconds, entry.cache_key, entry.world, len(entry.branches)))
 
-    missing = [n for n in nodes if _world(n) == 1 and _cfg(n) == 1 and not the_store.has(backend, n.attrs["cache_key"])]
+    from difflet.codegen.branches import branch_views, target_control_flow
+
+    # branch sets compile here, each branch reused by its own key (codegen/branches.py)
+    control_flow = target_control_flow(module)
+    missing = [n for n in nodes if _world(n) == 1 and _cfg(n) == 1 and not branch_views(n, control_flow)
+               and not the_store.has(backend, n.attrs["cache_key"])]
     with CompilePool(module, missing, ckpt, the_store.root, backend, out, verbose) as pool:
         for node in nodes:
             if node not in pool:  # reused, split, or compiled here when the pool is not worth it

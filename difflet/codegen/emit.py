@@ -15,6 +15,7 @@ from typing import Any
 
 from difflet.codegen.artifacts import program_paths, value_spec
 from difflet.codegen.manifest import Component, RankFiles, file_ref
+from difflet.errors import DiffletError
 from difflet.ir.buckets import base_name
 from difflet.ir.nodes import Module, Node, Op
 
@@ -46,8 +47,16 @@ def manifest_entry(node: Node, view: Node, ranks: list[RankFiles], **extra: Any)
 
 def emit_program(module: Module, name: str, ckpt: Path, store, backend: str, out: Path) -> tuple[Component, bool]:
     """Compile (or reuse, by its cache key) the unsplit program `name` (a component or the probe)
-    and write it and its weights into ART/; returns its manifest entry and whether it compiled."""
-    return emit_node(next(n for n in program_nodes(module) if n.name == name), ckpt, store, backend, out)
+    and write it and its weights into ART/; returns its manifest entry and whether it compiled.
+    On a target without control flow, a component that branches on a runtime input becomes one
+    program per value (codegen/branches.py)."""
+    from difflet.codegen.branches import branch_views, target_control_flow
+
+    node = next(n for n in program_nodes(module) if n.name == name)
+    views = branch_views(node, target_control_flow(module))
+    if views:
+        return emit_branches(node, views, ckpt, store, backend, out)
+    return emit_node(node, ckpt, store, backend, out)
 
 
 def emit_node(node: Node, ckpt: Path, store, backend: str, out: Path) -> tuple[Component, bool]:
@@ -103,3 +112,43 @@ def _bucket_files(node: Node, pm, weights: dict, out: Path, prog_rel: str) -> Ra
         tmp.unlink()
     save_file({k: v for k, v in weights.items() if k not in known}, str(out / constants_rel))
     return RankFiles(file_ref(out, prog_rel), file_ref(out, shared_rel), constants=file_ref(out, constants_rel))
+
+
+def emit_branches(node: Node, views: list[tuple[int, Node]], ckpt: Path, store, backend: str,
+                  out: Path) -> tuple[Component, bool]:
+    """A branch set: each view's program (compiled or reused by its own key), the checkpoint
+    tensors of all of them in one weights file (loaded once), each program's graph-made
+    constants in its own file."""
+    from safetensors.torch import save_file
+
+    from difflet.codegen.backends import get_backend
+    from difflet.codegen.build import build_program_module
+    from difflet.codegen.inductor import module_tensors
+    from difflet.codegen.manifest import Branch
+    from difflet.codegen.store import link_or_copy
+
+    if node.attrs.get("bucket") is not None:
+        raise DiffletError(f"component {node.name!r}: branch programs with shape buckets are not built",
+                           where=node.loc)
+    be, shared = get_backend(backend), {}
+    made, any_created = [], False
+    for value, view in views:
+        pm = build_program_module(view, ckpt)
+        entry, created = store.get_or_create(backend, view.attrs["cache_key"],
+                                             lambda tmp, v=view, m=pm: be.compile_entry(v, m, tmp), directory=True)
+        any_created |= created
+        (input_name, _), = view.attrs["branch"].items()
+        prog_rel, _ = program_paths(f"{node.name}.{input_name}{value}")
+        link_or_copy(entry / be.PROGRAM_FILE, out / prog_rel)
+        weights, known = be.program_weights(pm, entry), module_tensors(pm)
+        shared.update({k: v for k, v in weights.items() if k in known})
+        constants_rel = prog_rel.replace("programs/", "weights/").replace(".pt2", ".constants.safetensors")
+        save_file({k: v for k, v in weights.items() if k not in known}, str(out / constants_rel))
+        made.append((value, view.attrs["cache_key"], prog_rel, constants_rel, input_name))
+        del pm
+    weights_rel = program_paths(node.name)[1]
+    save_file(shared, str(out / weights_rel))
+    branches = tuple(Branch(value, key, RankFiles(file_ref(out, prog), file_ref(out, weights_rel),
+                                                  constants=file_ref(out, consts)))
+                     for value, key, prog, consts, _ in made)
+    return manifest_entry(node, node, [branches[0].files], branch_input=made[0][4], branches=branches), any_created

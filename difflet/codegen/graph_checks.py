@@ -12,7 +12,9 @@ exported with codegen's own `inductor.export_program`. Then, on every node of th
 - no data-dependent control flow: no higher-order control-flow op (torch.cond, while_loop, ...)
   and no unbacked symbol (nonzero, item-sized tensors). AWS Neuron docs ("Neuron Control Flow",
   general/arch/neuron-features/control-flow): control flow "is still not implemented by the Neuron
-  Compiler"; a runtime branch must become two programs chosen on the host;
+  Compiler"; a runtime branch must become two programs chosen on the host, which is what codegen
+  builds on such a target for a class that declares its branch input (codegen/branches.py), so
+  those components are checked per branch program, as compiled;
 - attention head_dim <= the target table's `max_head_dim` (NKI attention_cte: d <= 128).
 
 Invariant: the checks read only the exported graph and the IR; they never compile, so they run
@@ -81,11 +83,13 @@ def _graphs(gm: torch.fx.GraphModule):
 def check_exported(comp: Node, ep: torch.export.ExportedProgram) -> list[Finding]:
     """The float64, static-shape and control-flow rules on one exported program (module docstring)."""
     loc, out, seen = str(comp.loc), [], set()
+    branch = comp.attrs.get("branch")  # a branch program (codegen/branches.py): say which
+    label = comp.name + (f" ({', '.join(f'{k}={v}' for k, v in branch.items())})" if branch else "")
 
     def add(rule: str, op: str, source: str) -> None:
         if (rule, op, source) not in seen:
             seen.add((rule, op, source))
-            out.append(Finding(comp.name, loc, rule, op, source))
+            out.append(Finding(label, loc, rule, op, source))
 
     for name, t in [*ep.state_dict.items(), *ep.constants.items()]:
         if isinstance(t, torch.Tensor) and t.dtype in FP64:
@@ -117,7 +121,7 @@ def check_head_dims(comp: Node, target: dict) -> list[Finding]:
             for a in comp.find(Op.ATTENTION) if int(a.attrs.get("head_dim", 0)) > limit]
 
 
-def meta_program(comp: Node, family: str | None):
+def meta_program(comp: Node):
     """`comp`'s program module with weights on the meta device (real size, no memory) and meta inputs."""
     from difflet.codegen.build import example_inputs, wrap_program_module
     from difflet.codegen.checkpoint import _build_random
@@ -126,7 +130,7 @@ def meta_program(comp: Node, family: str | None):
 
     # parameters on meta; buffers real, since wrappers may precompute tables from them (RoPE)
     with init_empty_weights(include_buffers=False):
-        model = _build_random(comp, 0, family).to(getattr(torch, comp.attrs.get("dtype", "float32")))
+        model = _build_random(comp, 0).to(getattr(torch, comp.attrs.get("dtype", "float32")))
     pm = wrap_program_module(model.eval(), comp).to("meta")
     return pm, tuple(t.to("meta") for t in example_inputs(comp))
 
@@ -137,17 +141,23 @@ def check_module(module: Module, target: dict, ckpt: str | os.PathLike | None = 
     from difflet.codegen.build import build_program_module, example_inputs
     from difflet.codegen.inductor import export_program
 
+    from difflet.codegen.branches import branch_views
+
     result: dict[str, list[Finding]] = {}
     for comp in module.components():
         if only and comp.name not in only:
             continue
-        if ckpt is not None:
-            pm, inputs = build_program_module(comp, Path(ckpt)), example_inputs(comp)
-        else:
-            pm, inputs = meta_program(comp, module.attrs.get("family"))
-        # on meta, tensors a wrapper creates without a device (masks from arange) must be meta too
-        with contextlib.nullcontext() if ckpt is not None else torch.device("meta"):
-            ep = export_program(comp, pm, inputs)
-        result[comp.name] = check_head_dims(comp, target) + check_exported(comp, ep)
-        del pm, ep
+        # what codegen compiles for this target: one program per branch value where it has no control flow
+        views = branch_views(comp, bool(target.get("control_flow", True)))
+        result[comp.name] = check_head_dims(comp, target)
+        for value, view in views or [(None, comp)]:
+            if ckpt is not None:
+                pm, inputs = build_program_module(view, Path(ckpt)), example_inputs(view)
+            else:
+                pm, inputs = meta_program(view)
+            # on meta, tensors a wrapper creates without a device (masks from arange) must be meta too
+            with contextlib.nullcontext() if ckpt is not None else torch.device("meta"):
+                ep = export_program(view, pm, inputs)
+            result[comp.name] += check_exported(view, ep)
+            del pm, ep
     return result

@@ -9,7 +9,8 @@ Invariants:
 - Every compiled program is a `components` entry, the step-caching probe included (role
   "probe", `source` the component it is cut from): one load path for all programs.
 - Every entry lists its files per rank (`ranks[r]`, rank r's program and weights); an unsplit
-  program has exactly one rank. A cfg2 entry (`cfg` 2) lists its inner layout's ranks once
+  program has exactly one rank. A branch set (`branches`, one program per value of the runtime
+  input `branch_input`) is one rank too, the first branch's files. A cfg2 entry (`cfg` 2) lists its inner layout's ranks once
   (`world`, `degrees`: the inner layout's); both cfg groups load the same files. Paths are relative to ART/ (ART is self-contained).
 """
 from __future__ import annotations
@@ -26,7 +27,8 @@ from difflet.errors import DiffletError
 # 2: probe under components with role "probe"; per-rank files for every entry
 # 3: shape buckets (`buckets`; per-size entries NAME@SIZE whose `weights` file is shared by every
 #    size of the component and whose graph-made constants are their own `constants` file)
-FORMAT_VERSION = 3
+# 4: branch programs (`branch_input`, `branches`: one program per value of a runtime input)
+FORMAT_VERSION = 4
 MANIFEST = "manifest.json"
 MODULE_FILE = "module.ir"
 PROBE_ROLE = "probe"
@@ -71,6 +73,14 @@ class ScheduleStep(_Strict):
     attrs: dict[str, Any]
 
 
+class Branch(_Strict):
+    """The program of a branch set compiled for `branch_input` = `value` (codegen/branches.py)."""
+
+    value: int
+    cache_key: str
+    files: RankFiles  # `weights` is shared by every branch; `constants`: this program's own
+
+
 class Component(_Strict):
     """One compiled program (per rank) and how it is called."""
 
@@ -84,10 +94,16 @@ class Component(_Strict):
     degrees: dict[str, int] = {}  # split programs: the layout's degrees (tp, cp, ...)
     cfg: int = 1  # > 1: `ranks` are the inner layout's programs, run as cfg replicas (one per pass)
     source: str | None = None  # the probe: the component it is cut from
+    branch_input: str | None = None  # one program per value of this runtime input: `branches`
+    branches: tuple[Branch, ...] = ()  # `ranks[0]` is the first branch's files
 
     def __post_init__(self) -> None:
         if len(self.ranks) != self.world:  # raised as a ValidationError naming the entry
             raise ValueError(f"`world` is {self.world} but `ranks` lists {len(self.ranks)} rank files")
+        if (self.branch_input is None) != (not self.branches) or \
+                (self.branches and (self.world != 1 or self.ranks[0] != self.branches[0].files)):
+            raise ValueError("`branch_input` and `branches` go together, on one rank whose files are "
+                             "the first branch's")
 
 
 class Versions(_Strict):

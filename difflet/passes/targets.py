@@ -8,7 +8,10 @@ target is adding a JSON file. Fields:
 - backends: the codegen backends that can target it; attention_modes: CP modes it runs;
 - fused_attention: the masked fused-kernel contract (equal Q/K lengths per masked call,
   contiguous valid keys, Ring built from separate calls when its kernel needs equal lengths);
-- materializes_scores: whether attention scores [heads, q, k] are written to memory.
+- materializes_scores: whether attention scores [heads, q, k] are written to memory;
+- control_flow (optional, default true): whether its compiler implements data-dependent control
+  flow; false (trn2) makes codegen build a branching class as one program per branch value
+  (difflet/codegen/branches.py).
 - neuron_compiler (optional; neuron targets): neuronx-cc flags as data (target, lnc, model_type,
   optimization_level, auto_cast, extra); difflet/passes/neuron_flags.py turns them into arguments.
 """

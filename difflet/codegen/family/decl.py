@@ -75,7 +75,10 @@ class ClassDecl:
     wrapper(model, node): the program module when the generic ProgramModule cannot adapt the
     class to the IR calling convention; build_random(comp, config): a random model for a
     materialized checkpoint; write_tokenizer(comp, config, tokenizer_attrs, dest): the tiny
-    tokenizer of a materialized checkpoint; split / probe: see SplitDecl / ProbeDecl.
+    tokenizer of a materialized checkpoint; split / probe: see SplitDecl / ProbeDecl;
+    branch_inputs: runtime inputs the wrapper branches on (torch.cond) unless the node fixes
+    them in `attrs.branch` (codegen/branches.py: one program per value where the target has no
+    control flow).
     """
 
     processor: Callable[..., Any] | None = None
@@ -84,6 +87,7 @@ class ClassDecl:
     write_tokenizer: Callable[..., Any] | None = None
     split: SplitDecl | None = None
     probe: ProbeDecl | None = None
+    branch_inputs: tuple[str, ...] = ()
 
 
 NONE = ClassDecl()  # an undeclared class: every hook takes the generic path

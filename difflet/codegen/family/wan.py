@@ -102,5 +102,5 @@ CLASSES = {
                         cp_tables={"rope": 1}),
         probe=ProbeDecl(inputs=("hidden_states", "timestep"), build=WanProbe)),
     "transformers.UMT5EncoderModel": ClassDecl(wrapper=wrap_umt5),
-    "diffusers.AutoencoderKLWan": ClassDecl(wrapper=wrap_vae),
+    "diffusers.AutoencoderKLWan": ClassDecl(wrapper=wrap_vae, branch_inputs=("first",)),
 }

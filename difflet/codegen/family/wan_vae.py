@@ -10,7 +10,8 @@ explicit tensors, so the host loops over latent frames and the program has a sta
 `first` = 1 for latent frame 0: diffusers' first chunk (no cache, first_chunk=True), whose one
 video frame is sample[:, :, 0] (frames 1-3 are zeros) and whose cache inputs are not read;
 otherwise a later chunk (4 video frames). Both paths live in one program (torch.cond), so the
-decoder's weights are loaded once.
+decoder's weights are loaded once; on a target without control flow (trn2) codegen builds one
+program per value instead (codegen/branches.py: `first` fixed, left out of the signature).
 
 Invariants:
 - Every cache slot is two frames. Where diffusers holds fewer (one frame after the first chunk,
@@ -24,17 +25,33 @@ Invariants:
 from __future__ import annotations
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op, RuntimeType
+
+
+class _ClampedSliceStarts(TorchFunctionMode):
+    """`x[:, :, -n:]` with n > that dim's size indexed as `x[:, :, 0:]`, the same tensor: eager
+    torch clamps such a start, torch-xla's slice refuses it ("Value out of range", torch-xla 2.9,
+    bench/xla_check.py), and diffusers' decoder takes `x[:, :, -CACHE_T:]` (2) of 1-frame chunks."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.__getitem__ and isinstance(args[1], tuple) \
+                and all(isinstance(i, (slice, int)) for i in args[1]):
+            x, index = args
+            args = (x, tuple(slice(None, i.stop, i.step) if isinstance(i, slice) and isinstance(i.start, int)
+                             and i.start < -x.shape[d] else i for d, i in enumerate(index)))
+        return func(*args, **(kwargs or {}))
 
 
 def _run_decoder(vae, z: torch.Tensor, caches: list | None):
     """One diffusers decoder call on latent frame z; returns (frames, caches used, in order)."""
     feat_cache = list(caches) if caches is not None else [None] * vae._cached_conv_counts["decoder"]
     feat_idx = [0]
-    out = vae.decoder(vae.post_quant_conv(z), feat_cache=feat_cache, feat_idx=feat_idx,
-                      first_chunk=caches is None)
+    with _ClampedSliceStarts():
+        out = vae.decoder(vae.post_quant_conv(z), feat_cache=feat_cache, feat_idx=feat_idx,
+                          first_chunk=caches is None)
     return torch.clamp(out, min=-1.0, max=1.0), feat_cache[: feat_idx[0]]
 
 
@@ -70,11 +87,14 @@ class WanChunkDecoder(torch.nn.Module):
         if len(z_shape) != 5 or z_shape[0] != 1 or z_shape[2] != 1:
             raise DiffletError(f"decoder input {inputs[0].name!r} must be one latent frame "
                                f"[1, C, 1, h, w], got {list(z_shape)}", where=inputs[0].loc)
-        flag = inputs[1] if len(inputs) > 1 else None
-        if flag is None or flag.name != "first" or not isinstance(flag.results[0].type, RuntimeType) \
-                or (flag.results[0].type.lo, flag.results[0].type.hi) != (0, 1):
-            raise DiffletError(f"decoder {node.name!r}: its second input must be `first`, a runtime "
-                               f"value in [0, 1] (1 for latent frame 0)", where=(flag or node).loc)
+        self.fixed = (node.attrs.get("branch") or {}).get("first")  # a branch program: `first` built in
+        if self.fixed is None:
+            flag = inputs[1] if len(inputs) > 1 else None
+            if flag is None or flag.name != "first" or not isinstance(flag.results[0].type, RuntimeType) \
+                    or (flag.results[0].type.lo, flag.results[0].type.hi) != (0, 1):
+                raise DiffletError(f"decoder {node.name!r}: its second input must be `first`, a runtime "
+                                   f"value in [0, 1] (1 for latent frame 0)", where=(flag or node).loc)
+            inputs = [inputs[0], *inputs[2:]]
         self.slots = cache_layout(vae, z_shape)
         levels: list[tuple[int, int]] = []
         for _, h, w in self.slots:
@@ -83,7 +103,7 @@ class WanChunkDecoder(torch.nn.Module):
         self.level_of = [levels.index((h, w)) for _, h, w in self.slots]
         want = [[1, sum(c for (c, *_), lv in zip(self.slots, self.level_of) if lv == k), 2, h, w]
                 for k, (h, w) in enumerate(levels)]
-        declared = [("input", n) for n in inputs[2:]] + [("output", n) for n in node.find(Op.OUTPUT)[1:]]
+        declared = [("input", n) for n in inputs[1:]] + [("output", n) for n in node.find(Op.OUTPUT)[1:]]
         if len(declared) != 2 * len(want):
             raise DiffletError(f"decoder {node.name!r} must declare {len(want)} cache levels in and "
                                f"out (the model's causal caches: {want}), it declares "
@@ -118,5 +138,9 @@ class WanChunkDecoder(torch.nn.Module):
         frames, caches = _run_decoder(self.vae, z, self._split(levels))
         return self._join(frames, caches)
 
-    def forward(self, z: torch.Tensor, first: torch.Tensor, *levels: torch.Tensor):
+    def forward(self, z: torch.Tensor, *rest: torch.Tensor):
+        """(z, first, *levels), or (z, *levels) in a branch program (`first` fixed at build)."""
+        if self.fixed is not None:
+            return (self._first if self.fixed else self._later)(z, *rest)
+        first, *levels = rest
         return torch.cond(first > 0, self._first, self._later, (z, *levels))
