@@ -15,6 +15,7 @@ import torch
 
 from difflet.codegen.attention import install_attention
 from difflet.codegen.checkpoint import load_component
+from difflet.codegen.portable_ops import install_portable_ops
 from difflet.codegen.program import check_inputs, program_inputs, program_outputs  # noqa: F401 - re-exported
 from difflet.codegen.rope import install_fp32_rope
 from difflet.errors import DiffletError
@@ -67,7 +68,8 @@ def wrap_program_module(model: torch.nn.Module, node: Node) -> torch.nn.Module:
                            "attention sites or program wrapper to route them to", where=node.loc)
     install_attention(model, node)
     install_fp32_rope(model)  # Neuron has no FP64: RoPE tables without float64 ops
-    return (wrap(model, node) if wrap is not None else ProgramModule(model, node)).eval()
+    pm = wrap(model, node) if wrap is not None else ProgramModule(model, node)
+    return install_portable_ops(pm).eval()  # ops every backend lowers (portable_ops.py)
 
 
 def example_inputs(node: Node) -> tuple[torch.Tensor, ...]:

@@ -54,7 +54,8 @@ def _source(node: torch.fx.Node) -> str:
     trace = (node.meta.get("stack_trace") or "").strip().splitlines()
     frames = [line.strip() for line in trace if line.strip().startswith("File ")]
     # torch's own and generated frames (<eval_with_key>) say nothing about which model code made the op
-    useful = [f for f in frames if '"<' not in f and "site-packages/torch/" not in f]
+    # and portable_ops.py's mode wraps every op of a program module: its frame is not the op's source
+    useful = [f for f in frames if '"<' not in f and "site-packages/torch/" not in f and "portable_ops.py" not in f]
     if not useful:
         return ""
     parts = useful[-1].split('"')
