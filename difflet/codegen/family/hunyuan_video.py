@@ -27,6 +27,7 @@ from difflet.codegen.attention import joint_bounded_attention
 from difflet.codegen.family.decl import ClassDecl, ProbeDecl, SplitDecl
 from difflet.codegen.family.hunyuan_video_joint import joint_out, joint_qkv, mask_valid_text
 from difflet.codegen.family.probe_feature import FeatureProbe
+from difflet.codegen.family.text_masks import causal_masks
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op, RuntimeType
 
@@ -98,7 +99,8 @@ class LlamaHiddenStatesProgram(torch.nn.Module):
                                where=node.loc)
 
     def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor]:
-        out = self.model(input_ids=input_ids, output_hidden_states=True, use_cache=False)
+        mask = causal_masks(self.model, input_ids, None)  # built here: no host read (text_masks.py)
+        out = self.model(input_ids=input_ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
         return (out.hidden_states[-(SKIP_LAYERS + 1)],)
 
 

@@ -33,6 +33,7 @@ from torch.overrides import TorchFunctionMode
 
 from difflet.codegen.family.decl import ClassDecl, ProbeDecl, SplitDecl
 from difflet.codegen.family.probe_feature import FeatureProbe
+from difflet.codegen.family.text_masks import causal_masks
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
 
@@ -73,11 +74,20 @@ class GemmaStackedHidden(torch.nn.Module):
         self.model = model
         self.names = _input_names(node, "input_ids", "valid_text")
 
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Gemma3Model's token embedding, its out-of-vocabulary image token read as 0 with a
+        select (Gemma3Model's boolean-mask assignment is a nonzero: a data-dependent shape)."""
+        image_token = self.model.config.image_token_id
+        if image_token >= self.model.config.get_text_config().vocab_size:
+            ids = torch.where(ids == image_token, torch.zeros_like(ids), ids)
+        return self.model.get_input_embeddings()(ids)
+
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor]:
         args = dict(zip(self.names, inputs, strict=True))
         ids = args["input_ids"]
-        mask = left_padding_mask(args["valid_text"], ids.shape[1])
-        out = self.model(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
+        mask = causal_masks(self.model, ids, left_padding_mask(args["valid_text"], ids.shape[1]))  # text_masks.py
+        out = self.model(inputs_embeds=self._embed(ids), attention_mask=mask, output_hidden_states=True,
+                         use_cache=False)
         stacked = torch.stack(out.hidden_states, dim=-1)
         return (stacked.flatten(2, 3),)
 

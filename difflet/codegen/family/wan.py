@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from difflet.codegen.family.decl import ClassDecl, ProbeDecl, SplitDecl
+from difflet.codegen.family.text_masks import bidirectional_mask
 from difflet.codegen.family.probe_feature import FeatureProbe
 from difflet.ir.nodes import Node, Op
 
@@ -41,7 +42,9 @@ class MaskedUMT5Encoder(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor, valid_text: torch.Tensor) -> tuple[torch.Tensor]:
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         keep = positions[None, :] < valid_text  # the tokenizer's attention mask: right padding
-        hidden = self.model(input_ids=input_ids, attention_mask=keep.to(torch.int64)).last_hidden_state
+        # the 4-D mask built here: no host read of the padding (family/text_masks.py)
+        hidden = self.model(input_ids=input_ids, attention_mask=bidirectional_mask(self.model, input_ids, keep)
+                            ).last_hidden_state
         # WanPipeline keeps u[:len] and appends zeros: select, so the kept rows are untouched
         return (torch.where(keep[..., None], hidden, torch.zeros_like(hidden)),)
 
