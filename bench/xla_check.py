@@ -98,7 +98,8 @@ def _flat(outs) -> list[torch.Tensor]:
 def _where(err: BaseException) -> str:
     """The innermost frame in model code (difflet, diffusers, transformers) that raised."""
     frames = traceback.extract_tb(err.__traceback__)
-    useful = [f for f in frames if any(p in f.filename for p in ("difflet/", "diffusers/", "transformers/"))]
+    useful = [f for f in frames if any(p in f.filename for p in ("difflet/", "diffusers/", "transformers/"))
+              and not f.filename.endswith("portable_ops.py")]  # the op-rewriting mode's frame wraps every op
     f = (useful or frames or [None])[-1]
     path = "" if f is None else f.filename.split("site-packages/")[-1].removeprefix(f"{REPO}/")
     return "" if f is None else f"{path}:{f.lineno} ({f.line})"
@@ -116,7 +117,7 @@ def host_reads(pm, inputs) -> tuple[list, list[str]]:
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if func is torch.ops.aten._local_scalar_dense.default:
                 frames = [f for f in traceback.extract_stack() if "/torch/" not in f.filename
-                          and not f.filename.endswith("xla_check.py")]
+                          and not f.filename.endswith(("xla_check.py", "portable_ops.py"))]
                 if frames:
                     f = frames[-1]
                     where = f"{f.filename.split('site-packages/')[-1]}:{f.lineno} ({(f.line or '').strip()})"
