@@ -25,33 +25,17 @@ Invariants:
 from __future__ import annotations
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op, RuntimeType
-
-
-class _ClampedSliceStarts(TorchFunctionMode):
-    """`x[:, :, -n:]` with n > that dim's size indexed as `x[:, :, 0:]`, the same tensor: eager
-    torch clamps such a start, torch-xla's slice refuses it ("Value out of range", torch-xla 2.9,
-    bench/xla_check.py), and diffusers' decoder takes `x[:, :, -CACHE_T:]` (2) of 1-frame chunks."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func is torch.Tensor.__getitem__ and isinstance(args[1], tuple) \
-                and all(isinstance(i, (slice, int)) for i in args[1]):
-            x, index = args
-            args = (x, tuple(slice(None, i.stop, i.step) if isinstance(i, slice) and isinstance(i.start, int)
-                             and i.start < -x.shape[d] else i for d, i in enumerate(index)))
-        return func(*args, **(kwargs or {}))
 
 
 def _run_decoder(vae, z: torch.Tensor, caches: list | None):
     """One diffusers decoder call on latent frame z; returns (frames, caches used, in order)."""
     feat_cache = list(caches) if caches is not None else [None] * vae._cached_conv_counts["decoder"]
     feat_idx = [0]
-    with _ClampedSliceStarts():
-        out = vae.decoder(vae.post_quant_conv(z), feat_cache=feat_cache, feat_idx=feat_idx,
-                          first_chunk=caches is None)
+    out = vae.decoder(vae.post_quant_conv(z), feat_cache=feat_cache, feat_idx=feat_idx,
+                      first_chunk=caches is None)
     return torch.clamp(out, min=-1.0, max=1.0), feat_cache[: feat_idx[0]]
 
 
