@@ -149,9 +149,9 @@ def check_component(comp, ckpt: Path, how: str = "device-data") -> dict:
     from difflet.codegen.build import build_program_module
     from difflet.codegen.neuron_inputs import runtime_positions, vector_runtime_inputs
 
-    branch = comp.attrs.get("branch")  # a branch program (codegen/branches.py): say which
-    label = comp.name + (f" ({', '.join(f'{k}={v}' for k, v in branch.items())})" if branch else "")
-    row = {"component": label, "class": comp.attrs["class"], "dtype": comp.attrs.get("dtype", "float32"),
+    from difflet.codegen.branches import branch_label
+
+    row = {"component": branch_label(comp), "class": comp.attrs["class"], "dtype": comp.attrs.get("dtype", "float32"),
            "runtime_values": runtime_values(comp), "upload": how}
     stage = "build"
     try:

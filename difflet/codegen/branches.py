@@ -79,6 +79,12 @@ def branch_views(comp: Node, control_flow: bool) -> list[tuple[int, Node]]:
     return [] if name is None else [(v, branch_view(comp, name, v)) for v in branch_values(comp, name)]
 
 
+def branch_label(node: Node) -> str:
+    """The node's name, with the fixed value of a branch view: `vae (first=1)`."""
+    branch = node.attrs.get("branch")
+    return node.name + (f" ({', '.join(f'{k}={v}' for k, v in branch.items())})" if branch else "")
+
+
 class BranchRunner:
     """Runs the branch program of the value at input `index`; takes every IR input (that one too)."""
 

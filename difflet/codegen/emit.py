@@ -131,24 +131,24 @@ def emit_branches(node: Node, views: list[tuple[int, Node]], ckpt: Path, store, 
         raise DiffletError(f"component {node.name!r}: branch programs with shape buckets are not built",
                            where=node.loc)
     be, shared = get_backend(backend), {}
+    (input_name,) = views[0][1].attrs["branch"].keys()
     made, any_created = [], False
     for value, view in views:
         pm = build_program_module(view, ckpt)
         entry, created = store.get_or_create(backend, view.attrs["cache_key"],
                                              lambda tmp, v=view, m=pm: be.compile_entry(v, m, tmp), directory=True)
         any_created |= created
-        (input_name, _), = view.attrs["branch"].items()
         prog_rel, _ = program_paths(f"{node.name}.{input_name}{value}")
         link_or_copy(entry / be.PROGRAM_FILE, out / prog_rel)
         weights, known = be.program_weights(pm, entry), module_tensors(pm)
         shared.update({k: v for k, v in weights.items() if k in known})
         constants_rel = prog_rel.replace("programs/", "weights/").replace(".pt2", ".constants.safetensors")
         save_file({k: v for k, v in weights.items() if k not in known}, str(out / constants_rel))
-        made.append((value, view.attrs["cache_key"], prog_rel, constants_rel, input_name))
+        made.append((value, view.attrs["cache_key"], prog_rel, constants_rel))
         del pm
     weights_rel = program_paths(node.name)[1]
     save_file(shared, str(out / weights_rel))
     branches = tuple(Branch(value, key, RankFiles(file_ref(out, prog), file_ref(out, weights_rel),
                                                   constants=file_ref(out, consts)))
-                     for value, key, prog, consts, _ in made)
-    return manifest_entry(node, node, [branches[0].files], branch_input=made[0][4], branches=branches), any_created
+                     for value, key, prog, consts in made)
+    return manifest_entry(node, node, [branches[0].files], branch_input=input_name, branches=branches), any_created

@@ -84,8 +84,9 @@ def _graphs(gm: torch.fx.GraphModule):
 def check_exported(comp: Node, ep: torch.export.ExportedProgram) -> list[Finding]:
     """The float64, static-shape and control-flow rules on one exported program (module docstring)."""
     loc, out, seen = str(comp.loc), [], set()
-    branch = comp.attrs.get("branch")  # a branch program (codegen/branches.py): say which
-    label = comp.name + (f" ({', '.join(f'{k}={v}' for k, v in branch.items())})" if branch else "")
+    from difflet.codegen.branches import branch_label
+
+    label = branch_label(comp)  # a branch program says which
 
     def add(rule: str, op: str, source: str) -> None:
         if (rule, op, source) not in seen:
@@ -139,10 +140,9 @@ def meta_program(comp: Node):
 def check_module(module: Module, target: dict, ckpt: str | os.PathLike | None = None,
                  only: tuple[str, ...] = ()) -> dict[str, list[Finding]]:
     """Findings per component (empty list = clean). `ckpt` builds from a checkpoint; None: on meta."""
+    from difflet.codegen.branches import branch_views
     from difflet.codegen.build import build_program_module, example_inputs
     from difflet.codegen.inductor import export_program
-
-    from difflet.codegen.branches import branch_views
 
     result: dict[str, list[Finding]] = {}
     for comp in module.components():
@@ -151,7 +151,7 @@ def check_module(module: Module, target: dict, ckpt: str | os.PathLike | None = 
         # what codegen compiles for this target: one program per branch value where it has no control flow
         views = branch_views(comp, bool(target.get("control_flow", True)))
         result[comp.name] = check_head_dims(comp, target)
-        for value, view in views or [(None, comp)]:
+        for _, view in views or [(None, comp)]:
             if ckpt is not None:
                 pm, inputs = build_program_module(view, Path(ckpt)), example_inputs(view)
             else:
