@@ -79,6 +79,20 @@ def test_cpu_program_runs_on_the_loaded_weights_not_a_copy(flux_tiny_art):
     assert (after - before).abs().max().item() > 1e-3
 
 
+def test_split_rank_runner_runs_on_the_loaded_weights_too(flux_tiny_art):
+    """The rank workers' GIL-free runner (parallel/aoti_runner.py) attaches weights as the
+    CompiledRunner does: on CPU a changed weight changes the output (no copy in the program)."""
+    from difflet.parallel.aoti_runner import NoGilRunner
+
+    files = load_artifacts(flux_tiny_art).manifest.components["vae"].ranks[0]
+    runner = NoGilRunner(flux_tiny_art / files.program.path, flux_tiny_art / files.weights.path)
+    x = _inputs(load_artifacts(flux_tiny_art).programs["vae"])
+    before = runner(*x)[0]
+    name = next(k for k, t in runner._constants.items() if t.is_floating_point() and t.dim() == 4)
+    runner._constants[name].mul_(0.5)
+    assert (runner(*x)[0] - before).abs().max().item() > 1e-3
+
+
 def test_program_refuses_inputs_of_the_wrong_type(art):
     program = art.programs["transformer"]
     x = _inputs(program)

@@ -103,6 +103,18 @@ def load_program_weights(weights_path: Path, fqns: list[str]) -> dict:
     return {k: weights[k] for k in fqns}
 
 
+def attach_constants(load, metadata: dict, constants: dict) -> dict | None:
+    """Load a program's full constants through `load(constants, user_managed, allow_h2d_copy)`.
+    On CPU the program points at `constants` (a copy would double the weights' memory at load);
+    returns them, to be kept alive as long as the program. On a device the loader copies them
+    there and the host copies can go (returns None)."""
+    if metadata.get("AOTI_DEVICE_KEY", "cpu") == "cpu":
+        load(constants, True, False)
+        return constants
+    load(constants, False, True)
+    return None
+
+
 class CompiledRunner:
     """A loaded AOTInductor package with its weights: `runner(*tensors) -> tuple[Tensor, ...]`.
 
@@ -131,12 +143,10 @@ class CompiledRunner:
                 cache[weights_path] = load_file(str(weights_path))
             own = load_program_weights(constants_path, [k for k in fqns if k not in cache[weights_path]])
             self._constants = {k: cache[weights_path][k] if k in cache[weights_path] else own[k] for k in fqns}
-        if self._model.get_metadata().get("AOTI_DEVICE_KEY", "cpu") == "cpu":
-            # the program points at our tensors: a copy would double the weights' memory at load
-            self._model.load_constants(self._constants, check_full_update=True, user_managed=True)
-        else:  # the loader copies them to the device; the host copies can go
-            self._model.load_constants(self._constants, check_full_update=True, allow_h2d_copy=True)
-            self._constants = None
+        self._constants = attach_constants(
+            lambda c, user_managed, allow_h2d_copy: self._model.load_constants(
+                c, check_full_update=True, user_managed=user_managed, allow_h2d_copy=allow_h2d_copy),
+            self._model.get_metadata(), self._constants)
 
     def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         out = self._model(*tensors)

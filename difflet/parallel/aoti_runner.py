@@ -13,8 +13,8 @@ GIL while the op runs.
 
 Invariants:
 - `NoGilRunner(program, weights)(*tensors) -> tuple[Tensor, ...]` behaves like
-  difflet.codegen.inductor.CompiledRunner (same package, same full constant update checked),
-  except that the compiled call runs with the GIL released.
+  difflet.codegen.inductor.CompiledRunner (same package, same full constant update checked, on
+  CPU the same user-managed weights), except that the compiled call runs with the GIL released.
 - The C++ shim is built once per source text by torch.utils.cpp_extension (cached under
   $TORCH_EXTENSIONS_DIR, file-locked, so concurrent rank workers build it once);
   `build()` in the parent before starting workers keeps the build out of their load time.
@@ -31,8 +31,11 @@ struct NoGilLoader {
   torch::inductor::AOTIModelPackageLoader loader;
   explicit NoGilLoader(const std::string& path) : loader(path) {}
   std::vector<std::string> constant_fqns() { return loader.get_constant_fqns(); }
-  void load_constants(std::unordered_map<std::string, at::Tensor> constants) {
-    loader.load_constants(constants, /*use_inactive=*/false, /*check_full_update=*/true);
+  std::unordered_map<std::string, std::string> metadata() { return loader.get_metadata(); }
+  void load_constants(std::unordered_map<std::string, at::Tensor> constants, bool user_managed,
+                      bool allow_h2d_copy) {
+    loader.load_constants(constants, /*use_inactive=*/false, /*check_full_update=*/true, user_managed,
+                          allow_h2d_copy);
   }
   std::vector<at::Tensor> run(std::vector<at::Tensor> inputs) {
     // the reason this module exists: gloo threads may need the GIL while this call waits on them
@@ -45,6 +48,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<NoGilLoader>(m, "NoGilLoader")
       .def(py::init<const std::string&>())
       .def("constant_fqns", &NoGilLoader::constant_fqns)
+      .def("metadata", &NoGilLoader::metadata)
       .def("load_constants", &NoGilLoader::load_constants)
       .def("run", &NoGilLoader::run);
 }
@@ -68,14 +72,16 @@ class NoGilRunner:
     """A loaded AOTInductor package with its weights, called with the GIL released."""
 
     def __init__(self, program_path: Path, weights_path: Path) -> None:
-        from difflet.codegen.inductor import load_program_weights
+        from difflet.codegen.inductor import attach_constants, load_program_weights
         from difflet.errors import DiffletError
 
         try:
             self._loader = build().NoGilLoader(str(program_path))
         except RuntimeError as err:  # the loader raises bare RuntimeErrors from C++
             raise DiffletError(f"cannot load compiled program: {err}", where=program_path) from None
-        self._loader.load_constants(load_program_weights(weights_path, list(self._loader.constant_fqns())))
+        weights = load_program_weights(weights_path, list(self._loader.constant_fqns()))
+        # as CompiledRunner: on CPU the program points at these tensors (weights in memory once)
+        self._constants = attach_constants(self._loader.load_constants, self._loader.metadata(), weights)
 
     def __call__(self, *tensors):
         return tuple(self._loader.run(list(tensors)))
