@@ -96,8 +96,3 @@ class BranchRunner:
         if value not in self.runners:
             raise ValueError(f"no branch program for value {value} (compiled: {sorted(self.runners)})")
         return self.runners[value](*tensors[:self.index], *tensors[self.index + 1:])
-
-    def close(self) -> None:
-        for runner in self.runners.values():
-            if hasattr(runner, "close"):
-                runner.close()
