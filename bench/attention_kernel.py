@@ -97,6 +97,7 @@ def _compile(args) -> None:
     """Runs in a subprocess: export + AOTInductor-compile the variant to args.package."""
     import torch
 
+    from difflet.codegen.inductor import aoti_package
     from difflet.kernels.attention_fused import bounded_attention as fused
     from difflet.kernels.attention_ref import bounded_attention as ref
 
@@ -118,7 +119,7 @@ def _compile(args) -> None:
     qkv = [torch.randn(1, args.heads, args.seq, args.dim).to(dev, dtype) for _ in range(3)]
     bounds = (torch.tensor(0, device=dev), torch.tensor(args.seq, device=dev))
     ep = torch.export.export(Attn(), (*qkv, *bounds), strict=False)
-    torch._inductor.aoti_compile_and_package(ep, package_path=args.package.replace("@", args.variant))
+    aoti_package(ep, Path(args.package.replace("@", args.variant)))
 
 
 def _run(args, variant: str, dtype: str, tmp: Path, mode: str) -> dict:

@@ -202,3 +202,30 @@ def test_manifest_module_imports_no_torch():
             "assert 'torch' not in sys.modules, 'torch imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_compile_builds_outside_inductors_shared_cache(tmp_path, monkeypatch):
+    """Two processes compiling the same code (the ranks of one TP layout) once raced in
+    inductor's shared cache directory: one zipped the other's half-written metadata file (CI:
+    'parse error ... empty input' at load). Now no file the package is zipped from lies in
+    the shared cache, and the package still loads and computes the module."""
+    import zipfile
+
+    from torch._inductor.package import load_package
+
+    from difflet.codegen.inductor import aoti_package
+
+    cache = tmp_path / "inductor-cache"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
+    module = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU()).eval()
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        ep = torch.export.export(module, (x,), strict=False)
+    aoti_package(ep, tmp_path / "m.pt2")
+    packaged = {name.rsplit("/", 1)[-1] for name in zipfile.ZipFile(tmp_path / "m.pt2").namelist()}
+    assert any(name.endswith(".wrapper.so") for name in packaged)
+    assert [p.name for p in cache.rglob("*") if p.name in packaged] == []
+    loaded = load_package(str(tmp_path / "m.pt2"))
+    loaded.load_constants({k: v.detach() for k, v in module.state_dict().items()},
+                          check_full_update=True, user_managed=True)
+    torch.testing.assert_close(loaded(x), module(x), atol=1e-6, rtol=0)

@@ -107,10 +107,12 @@ def test_one_aot_inductor_program_serves_every_bound(tmp_path, return_stats):
     """Exported and compiled once (as codegen does) at one bound, run at every bound."""
     from torch._inductor.package import load_package
 
+    from difflet.codegen.inductor import aoti_package
+
     q, k, v = _qkv(4)
     ep = torch.export.export(_Attn(return_stats), (q, k, v, torch.tensor(0), torch.tensor(11)), strict=False)
-    path = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "attn.pt2"))
-    prog = load_package(path)
+    aoti_package(ep, tmp_path / "attn.pt2")
+    prog = load_package(str(tmp_path / "attn.pt2"))
     for lo, hi in BOUNDS:
         got = prog(q, k, v, torch.tensor(lo), torch.tensor(hi))
         out = got[0] if return_stats else got

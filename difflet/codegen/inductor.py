@@ -39,14 +39,31 @@ def export_program(node: Node, pm: torch.nn.Module, inputs: tuple | None = None)
         return torch.export.export(pm, example_inputs(node) if inputs is None else inputs, strict=False)
 
 
+def aoti_package(ep: torch.export.ExportedProgram, package: Path) -> None:
+    """AOT-compile `ep` into the package file `package`, building in a private directory.
+
+    `aoti_compile_and_package` builds in inductor's shared cache directory under a key of the
+    generated code and zips those files after releasing its lock: two processes compiling the
+    same code (the ranks of one TP layout) overwrite each other's files while one zips them.
+    """
+    import tempfile
+
+    from torch._inductor.package import package_aoti
+
+    args, kwargs = ep.example_inputs
+    with tempfile.TemporaryDirectory(prefix="difflet-aoti-") as build:
+        options = {**INDUCTOR_CONFIGS, "aot_inductor.package": True, "aot_inductor.output_path": build}
+        files = torch._inductor.aot_compile(ep.module(check_guards=False), args, kwargs, options=options)
+        package_aoti(str(package), files)
+
+
 def compile_entry(node: Node, pm: ProgramModule, dest: Path) -> None:
     """Export and AOT-compile `pm` into the store entry directory `dest` (see module invariants)."""
     from safetensors.torch import save_file
     from torch._inductor.package import load_package
 
     ep = export_program(node, pm)
-    torch._inductor.aoti_compile_and_package(ep, package_path=str(dest / PROGRAM_FILE),
-                                             inductor_configs=INDUCTOR_CONFIGS)
+    aoti_package(ep, dest / PROGRAM_FILE)
     fqns = list(load_package(str(dest / PROGRAM_FILE)).get_constant_fqns())
     known = module_tensors(pm)
     graph_made = {k: v.detach().contiguous().clone() for k, v in ep.constants.items()

@@ -42,7 +42,8 @@ import msgspec
 from difflet.runtime import messages as msg
 
 EXIT_BROKEN_PROGRAM = 70  # a split program's rank worker died or failed: its ranks are unusable
-COMPILE_ENTRY_POINTS = (("torch._inductor", "aoti_compile_and_package"), ("torch", "compile"))
+COMPILE_ENTRY_POINTS = (("torch._inductor", "aoti_compile_and_package"), ("torch._inductor", "aot_compile"),
+                        ("torch", "compile"))
 # what every model process imports before it serves (measured with `python -X importtime`:
 # torch, the AOTI package loader, and what the warm-up pulls in lazily: transformers'
 # AutoTokenizer, diffusers' torch_utils/image_processor, scipy.stats via the flow-match
