@@ -59,9 +59,9 @@ def pipe(ckpt):
 
 
 def _llama_inputs(pipe, length: int):
-    from difflet.runtime.host.hunyuan_video import prompt_template
+    from diffusers.pipelines.hunyuan_video.pipeline_hunyuan_video import DEFAULT_PROMPT_TEMPLATE
 
-    enc = pipe.tokenizer([prompt_template().format(PROMPT)], max_length=length, padding="max_length",
+    enc = pipe.tokenizer([DEFAULT_PROMPT_TEMPLATE["template"].format(PROMPT)], max_length=length, padding="max_length",
                          truncation=True, return_tensors="pt")
     return enc.input_ids, enc.attention_mask
 

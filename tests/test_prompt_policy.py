@@ -301,10 +301,10 @@ def test_prompt_templates_equal_the_pipelines():
     from diffusers.pipelines.hunyuan_video.pipeline_hunyuan_video import DEFAULT_PROMPT_TEMPLATE
 
     from difflet.codegen.family.qwen_image import PROMPT_TEMPLATE
-    from difflet.runtime.prompt_text import HUNYUAN_PROMPT_TEMPLATE, QWEN_PROMPT_TEMPLATE
+    from difflet.runtime.cards import hunyuan_video, qwen_image
 
-    assert QWEN_PROMPT_TEMPLATE == PROMPT_TEMPLATE
-    assert HUNYUAN_PROMPT_TEMPLATE == DEFAULT_PROMPT_TEMPLATE["template"]
+    assert qwen_image.PROMPT_TEMPLATE == PROMPT_TEMPLATE
+    assert hunyuan_video.PROMPT_TEMPLATE == DEFAULT_PROMPT_TEMPLATE["template"]
 
 
 def test_negative_prompt_truncation_is_reported_where_the_model_reads_it():

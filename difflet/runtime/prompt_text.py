@@ -5,10 +5,9 @@ tokenizer.json the host schedule loads (ART/host/<subfolder>), so admission know
 is queued what the host steps will cut.
 
 Invariants:
-- `encoder_text(family, role, prompt)` is the exact string the host step hands the tokenizer
-  (the reference pipeline's prompt template, prompt_clean or strip); the host steps and this
-  module share these functions or (for templates defined by torch-importing modules) a copy a
-  test holds equal to the original.
+- An encoder's input is the family card's `prompt_text` (runtime/cards/): the exact string the
+  host step hands the tokenizer (the reference pipeline's prompt template, prompt_clean or
+  strip); the host steps take it from the same card.
 - Every encoder truncates on the right at its tokenizer's max_length, special tokens included
   (what `truncation=True` does in every reference pipeline), so the positions lost are
   tokens(full text) - max_length; template positions count like any other.
@@ -20,7 +19,6 @@ Invariants:
 """
 from __future__ import annotations
 
-import html
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -28,51 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from difflet.errors import DiffletError
-
-# QwenImagePipeline.prompt_template_encode (copy of codegen/family/qwen_image.PROMPT_TEMPLATE,
-# which imports torch; tests/test_prompt_policy.py holds them equal)
-QWEN_PROMPT_TEMPLATE = (
-    "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, "
-    "quantity, text, spatial relationships of the objects and background:<|im_end|>\n"
-    "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n")
-# HunyuanVideoPipeline's DEFAULT_PROMPT_TEMPLATE["template"] (diffusers imports torch; the test
-# holds this copy equal to it)
-HUNYUAN_PROMPT_TEMPLATE = (
-    "<|start_header_id|>system<|end_header_id|>\n\nDescribe the video by detailing the following "
-    "aspects: 1. The main content and theme of the video.2. The color, shape, size, texture, "
-    "quantity, text, and spatial relationships of the objects.3. Actions, events, behaviors "
-    "temporal relationships, physical movement changes of the objects.4. background environment, "
-    "light, style and atmosphere.5. camera angles, movements, and transitions used in the video:"
-    "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n{}<|eot_id|>")
-
-
-def prompt_clean(text: str) -> str:
-    """WanPipeline's prompt_clean: basic_clean (ftfy if installed, html unescape x2, strip),
-    then whitespace runs -> one space, strip."""
-    import regex
-
-    try:
-        import ftfy
-    except ImportError:  # the pipeline skips ftfy when it is not installed, and so do we
-        ftfy = None
-    if ftfy is not None:
-        text = ftfy.fix_text(text)
-    text = html.unescape(html.unescape(text)).strip()
-    return regex.sub(r"\s+", " ", text).strip()
-
-
-def encoder_text(family: str, templated: bool, prompt: str) -> str:
-    """The string a family's host step tokenizes; `templated`: the encoder that reads the
-    prompt inside the pipeline's template (Qwen-Image's encoder, HunyuanVideo's Llama)."""
-    if family == "wan":
-        return prompt_clean(prompt)
-    if family == "ltx2":
-        return prompt.strip()
-    if templated and family == "qwen_image":
-        return QWEN_PROMPT_TEMPLATE.format(prompt)
-    if templated and family == "hunyuan_video":
-        return HUNYUAN_PROMPT_TEMPLATE.format(prompt)
-    return prompt
+from difflet.runtime.cards import card_of
 
 
 @dataclass(frozen=True)
@@ -90,46 +44,6 @@ class Truncation:
     def describe(self) -> str:
         return (f"{self.field}: {self.encoder} kept {self.limit} of {self.tokens} tokens "
                 f"({self.dropped} dropped)")
-
-
-def _encode_step(module, name: str):
-    for sched in _schedules(module):
-        for step in sched.body:
-            if str(step.name) == name:
-                return step
-    return None
-
-
-def _schedules(module):
-    from difflet.ir.nodes import Op
-
-    return module.find(Op.SCHEDULE)
-
-
-def _templated(module, family: str) -> set[str]:
-    """Encoders that read the prompt inside a template: Qwen-Image's one encoder, the first
-    encoder of HunyuanVideo's encode step (its Llama; the CLIP reads the bare prompt)."""
-    if family == "qwen_image":
-        return {c.name for c in module.components("encoder")}
-    step = _encode_step(module, "hunyuan_video.encode_prompt") if family == "hunyuan_video" else None
-    return {str(step.args[0])} if step is not None and step.args else set()
-
-
-def uses_negative_prompt(module) -> bool:
-    """Whether a set negative prompt reaches the encoders: true-CFG families (HunyuanVideo only
-    under its "true_cfg" guidance mode); FLUX ignores it."""
-    family = str(module.attrs.get("family", ""))
-    if family in ("qwen_image", "wan", "ltx2"):
-        return True
-    if family != "hunyuan_video":
-        return False
-    for sched in _schedules(module):
-        for step in sched.body:
-            spec = step.attrs.get("guidance") if str(step.name) == "hunyuan_video.denoise" else None
-            if spec is not None:
-                spec = spec.to_python() if hasattr(spec, "to_python") else spec
-                return spec.get("mode") == "true_cfg"
-    return False
 
 
 @dataclass(frozen=True)
@@ -173,14 +87,14 @@ class PromptLengths:
     """Per-encoder token counts of a prompt as the host tokenizes it; tokenizers load at construction."""
 
     def __init__(self, module, host_dir: Path) -> None:
-        family = str(module.attrs.get("family", ""))
-        templated = _templated(module, family)
+        card = card_of(module)
+        templated = card.templated(module)
         self.encoders: list[EncoderInput] = []
         for comp in module.components("encoder"):
             spec = comp.attrs.get("tokenizer")
             if spec is None:
                 continue
-            fmt = (lambda p, t=comp.name in templated: encoder_text(family, t, p))
+            fmt = (lambda p, t=comp.name in templated: card.prompt_text(p, t))
             self.encoders.append(EncoderInput(comp.name, Path(host_dir) / spec["subfolder"],
                                               int(spec["max_length"]), fmt))
         self._tokenizers = {e.name: _counting_tokenizer(tokenizer_json(e.tokenizer_dir))

@@ -18,13 +18,13 @@ import torch
 
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
+from difflet.runtime.cards.hunyuan_video import DEFAULT_FPS, PROMPT_TEMPLATE
 from difflet.runtime.host import host_step
 from difflet.runtime.host.flux import class_config_value, make_scheduler
 from difflet.runtime.host.loop import cached_loop
 from difflet.runtime.invoke import torch_dtype
 from difflet.runtime.schedule import HostEnv, RequestState
 
-DEFAULT_FPS = 15  # the model card's export_to_video(..., fps=15)
 DEFAULT_NEGATIVE = ""  # true CFG only; the pipeline has no default negative prompt
 
 
@@ -38,13 +38,6 @@ def _input_shape(component: Node, name: str) -> tuple[int, ...]:
     raise DiffletError(f"component {component.name!r} has no input {name!r}", where=component.loc)
 
 
-
-def prompt_template() -> str:
-    from diffusers.pipelines.hunyuan_video.pipeline_hunyuan_video import DEFAULT_PROMPT_TEMPLATE
-
-    return DEFAULT_PROMPT_TEMPLATE["template"]
-
-
 def llama_embeds(env: HostEnv, llama: Node, text_len: int, prompt: str) -> tuple[torch.Tensor, int]:
     """(prompt embeds [1, text_len, H] after the template crop, valid text count)."""
     length = _shape(llama, Op.INPUT)[1]
@@ -56,7 +49,7 @@ def llama_embeds(env: HostEnv, llama: Node, text_len: int, prompt: str) -> tuple
     if tokenizer.padding_side != "right":  # the valid rows must not depend on the padding
         raise DiffletError(f"the Llama tokenizer must pad on the right (padding_side='right'), "
                            f"not {tokenizer.padding_side!r}", where="tokenizer")
-    enc = tokenizer([prompt_template().format(prompt)], max_length=length, padding="max_length",
+    enc = tokenizer([PROMPT_TEMPLATE.format(prompt)], max_length=length, padding="max_length",
                     truncation=True, return_tensors="pt", return_attention_mask=True)
     hidden = next(iter(env.invoke(llama.name, input_ids=enc.input_ids).values()))
     mask = enc.attention_mask[0, crop:]

@@ -21,6 +21,7 @@ import torch
 
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
+from difflet.runtime.cards.ltx2 import FRAME_RATE
 from difflet.runtime.host import host_step
 from difflet.runtime.host.cfg import predict_branches
 from difflet.runtime.host.flux import _input_shape, calculate_shift, class_config_value, make_scheduler
@@ -186,7 +187,7 @@ def prepare_latents(env: HostEnv, step: Node, state: RequestState) -> None:
     packed to tokens, plus the RoPE coordinates (frame_rate from the step, default 24)."""
     from diffusers.utils.torch_utils import randn_tensor
 
-    frame_rate = float(step.attrs.get("frame_rate", 24.0))
+    frame_rate = float(step.attrs.get("frame_rate", FRAME_RATE))
     geo = geometry(env, frame_rate)
     transformer = env.component(_denoise_step(env).args[0])
     p, pt = class_config_value(transformer, "patch_size"), class_config_value(transformer, "patch_size_t")

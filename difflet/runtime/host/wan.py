@@ -22,14 +22,13 @@ import torch
 
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
+from difflet.runtime.cards.wan import FPS, prompt_clean  # shared with admission and the HTTP card
 from difflet.runtime.host import host_step
 from difflet.runtime.host.cfg import is_cfg_parallel, predict_branches
 from difflet.runtime.host.flux import class_config_value, make_scheduler
 from difflet.runtime.host.loop import cached_loop
-from difflet.runtime.prompt_text import prompt_clean  # shared with admission's token counts
 from difflet.runtime.schedule import HostEnv, RequestState
 
-WAN_FPS = 16  # the fps WanPipeline's examples export at (export_to_video(..., fps=16))
 
 
 def _input_type(component: Node, name: str):
@@ -168,4 +167,4 @@ def decode(env: HostEnv, step: Node, state: RequestState) -> None:
     processor = VideoProcessor(vae_scale_factor=int(env.profile["height"]) // latents.shape[3])
     array = processor.postprocess_video(video, output_type="np")[0]
     state.video = (array * 255).round().astype(np.uint8)
-    state.fps = float(WAN_FPS)
+    state.fps = FPS

@@ -17,15 +17,10 @@ import ssl
 import threading
 from http.server import ThreadingHTTPServer
 
+from difflet.runtime.cards import card_of, guidance_mode
 from difflet.runtime.http.content import ContentStore
 from difflet.runtime.http.routes import Handler
 from difflet.runtime.http.videos import VideoJobs
-
-# written frame rate per video family (the host schedules' constants; the video test checks
-# each served MP4's rate against this card)
-FAMILY_FPS = {"wan": 16.0, "hunyuan_video": 15.0, "ltx2": 24.0}
-GUIDANCE_KIND = {"flux": "embedded", "hunyuan_video": "embedded", "qwen_image": "true_cfg",
-                 "wan": "cfg", "ltx2": "cfg"}
 
 
 class _Server(ThreadingHTTPServer):
@@ -46,7 +41,8 @@ class HttpApi:
         self.model_id = info.module.name
         self.family = str(info.module.attrs.get("family", ""))
         self.frames = int(profile.get("frames", 0))
-        self.fps = FAMILY_FPS.get(self.family, 0.0) if self.frames else 0.0
+        self.fps = card_of(info.module).fps(info.module) if self.frames else 0.0
+        self.guidance_kind = guidance_mode(info.module)
         self.content = ContentStore(content_retention_s, content_max_bytes)
         self.videos = VideoJobs(dispatcher, self.content, content_retention_s)
         self._ids = itertools.count()
@@ -83,7 +79,7 @@ class HttpApi:
                                                          for s in self.info.manifest.sizes],
                 "kind": "video" if self.frames else "image", "frames": self.frames, "fps": self.fps,
                 "default_steps": int(p["steps"]), "default_guidance": float(p["guidance"]),
-                "guidance_kind": GUIDANCE_KIND.get(self.family, ""),
+                "guidance_kind": self.guidance_kind,
                 "prompt_tokens": self.admission.token_limit}
 
     @staticmethod

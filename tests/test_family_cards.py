@@ -1,0 +1,61 @@
+"""Family cards (difflet/runtime/cards/): what the API process says about each family equals
+what the reference pipelines and the description declare, and the cards stay torch-free."""
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from difflet.frontend.lower import lower_file
+from difflet.runtime.cards import card_of, guidance_mode, uses_negative_prompt
+
+REPO = Path(__file__).resolve().parent.parent
+CARDS = sorted(p.stem for p in (REPO / "difflet" / "runtime" / "cards").glob("*.py") if p.stem != "__init__")
+
+
+def _module(dsl: str, edit=None, tmp_path=None):
+    path = REPO / "models" / f"{dsl}.dsl"
+    if edit is not None:
+        text = path.read_text()
+        assert edit[0] in text
+        path = tmp_path / path.name
+        path.write_text(text.replace(*edit))
+    return lower_file(str(path))
+
+
+def test_importing_every_card_leaves_torch_unloaded():
+    assert {"wan", "ltx2", "qwen_image", "hunyuan_video"} <= set(CARDS)
+    code = ("import importlib, sys\n"
+            f"for m in {CARDS!r}: importlib.import_module('difflet.runtime.cards.' + m)\n"
+            "assert 'torch' not in sys.modules, sorted(k for k in sys.modules if 'torch' in k)[:5]\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("dsl, mode, negative", [
+    ("flux-tiny", "embedded", False), ("qwen-image-tiny", "true_cfg", True), ("wan2.1-tiny", "cfg", True),
+    ("hunyuan-video-tiny", "embedded", False), ("ltx2-tiny", "cfg", True)])
+def test_guidance_mode_is_the_descriptions(dsl, mode, negative):
+    module = _module(dsl)
+    assert (guidance_mode(module), uses_negative_prompt(module)) == (mode, negative)
+
+
+def test_hunyuan_true_cfg_reads_the_negative_prompt(tmp_path):
+    """HunyuanVideo serves embedded guidance by default; a description in true_cfg mode runs an
+    unconditional pass on the negative prompt (the old per-family table said "embedded")."""
+    module = _module("hunyuan-video-tiny", ('guidance: { mode: "embedded", scale: guidance }',
+                                           'guidance: { mode: "true_cfg", scale: guidance, embedded: 6.0 }'),
+                     tmp_path)
+    assert (guidance_mode(module), uses_negative_prompt(module)) == ("true_cfg", True)
+
+
+def test_video_frame_rates_are_the_pipelines(tmp_path):
+    from diffusers import LTX2Pipeline
+
+    ltx2 = _module("ltx2-tiny")
+    default = inspect.signature(LTX2Pipeline.__call__).parameters["frame_rate"].default
+    assert card_of(ltx2).fps(ltx2) == default
+    faster = _module("ltx2-tiny", ("frame_rate: 24.0", "frame_rate: 30.0"), tmp_path)
+    assert card_of(faster).fps(faster) == 30.0  # the rate the host schedule builds RoPE and the MP4 at
+    assert card_of(_module("hunyuan-video-tiny")).fps(_module("hunyuan-video-tiny")) == 15.0
+    assert card_of(_module("flux-tiny")).fps(_module("flux-tiny")) == 0.0
