@@ -30,7 +30,6 @@ from difflet.runtime.host.loop import cached_loop
 from difflet.runtime.schedule import HostEnv, RequestState
 
 
-
 def _input_type(component: Node, name: str):
     for node in component.find(Op.INPUT, name):
         return node.results[0].type
