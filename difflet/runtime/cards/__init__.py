@@ -7,10 +7,10 @@ from what is served.
 
 Invariants:
 - Generic API-process code reaches a family only through `card_of(module)`, by name
-  (importlib); a family without a card module gets `FamilyCard()` (prompt as is, no template,
+  (importlib); a module without a family card gets `FamilyCard()` (prompt as is, no template,
   embedded guidance, images).
 - The guidance mode is the one a step of the module declares (`guidance: {mode: ...}`), else the
-  card's default, as the host steps read it.
+  card's `default_guidance`, which the host steps also fall back to.
 """
 from __future__ import annotations
 

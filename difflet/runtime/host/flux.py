@@ -20,6 +20,7 @@ import torch
 
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
+from difflet.runtime.cards.flux import CARD
 from difflet.runtime.host import host_step
 from difflet.runtime.host.loop import cached_loop
 from difflet.runtime.schedule import HostEnv, RequestState
@@ -184,7 +185,7 @@ def denoise(env: HostEnv, step: Node, state: RequestState) -> None:
     """
     (transformer,) = step.args
     guidance_mode = step.attrs.get("guidance", None)
-    mode = guidance_mode["mode"] if guidance_mode is not None else "embedded"
+    mode = guidance_mode["mode"] if guidance_mode is not None else CARD.default_guidance
     if mode not in ("embedded", "none"):
         raise DiffletError(f"flux.denoise supports guidance modes 'embedded' and 'none', not "
                            f"{mode!r}", where=step.loc)

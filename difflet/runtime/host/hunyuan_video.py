@@ -18,7 +18,7 @@ import torch
 
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
-from difflet.runtime.cards.hunyuan_video import DEFAULT_FPS, PROMPT_TEMPLATE
+from difflet.runtime.cards.hunyuan_video import CARD, DEFAULT_FPS, PROMPT_TEMPLATE
 from difflet.runtime.host import host_step
 from difflet.runtime.host.flux import class_config_value, make_scheduler
 from difflet.runtime.host.loop import cached_loop
@@ -76,8 +76,8 @@ def _guidance_mode(env: HostEnv) -> dict:
         for step in sched.body:
             if step.name == "hunyuan_video.denoise":
                 spec = step.attrs.get("guidance")
-                return spec.to_python() if spec is not None else {"mode": "embedded"}
-    return {"mode": "embedded"}
+                return spec.to_python() if spec is not None else {"mode": CARD.default_guidance}
+    return {"mode": CARD.default_guidance}
 
 
 @host_step("hunyuan_video.encode_prompt", phase="encode")

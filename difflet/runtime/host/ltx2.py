@@ -21,7 +21,7 @@ import torch
 
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
-from difflet.runtime.cards.ltx2 import FRAME_RATE
+from difflet.runtime.cards.ltx2 import CARD, FRAME_RATE
 from difflet.runtime.host import host_step
 from difflet.runtime.host.cfg import predict_branches
 from difflet.runtime.host.flux import _input_shape, calculate_shift, class_config_value, make_scheduler
@@ -46,7 +46,7 @@ def _denoise_step(env: HostEnv) -> Node:
 def guidance_scales(step: Node, guidance: float) -> dict:
     """The pipeline's per-stream scales: audio_x = audio_x or x (so 0 falls back to the video value)."""
     spec = step.attrs.get("guidance")
-    spec = spec.to_python() if spec is not None else {"mode": "cfg"}
+    spec = spec.to_python() if spec is not None else {"mode": CARD.default_guidance}
     if (mode := spec.get("mode")) != "cfg":
         raise DiffletError(f"ltx2.denoise supports guidance mode 'cfg', not {mode!r}", where=step.loc)
     for key, off in (("stg_scale", 0.0), ("audio_stg_scale", 0.0), ("modality_scale", 1.0),

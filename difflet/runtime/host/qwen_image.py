@@ -24,6 +24,7 @@ import torch
 from difflet.codegen.family.qwen_image import PROMPT_TEMPLATE
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
+from difflet.runtime.cards.qwen_image import CARD
 from difflet.runtime.host import host_step
 from difflet.runtime.host.cfg import predict_branches
 from difflet.runtime.host.flux import (_input_shape, calculate_shift, class_config_value,
@@ -44,7 +45,7 @@ def true_cfg(env: HostEnv, guidance: float) -> bool:
 
 
 def guidance_mode(step: Node) -> str:
-    mode = (step.attrs.get("guidance") or {"mode": "true_cfg"})["mode"]
+    mode = (step.attrs.get("guidance") or {"mode": CARD.default_guidance})["mode"]
     if mode not in ("true_cfg", "none"):
         raise DiffletError(f"qwen_image.denoise supports guidance modes 'true_cfg' and 'none', not {mode!r}",
                            where="guidance")

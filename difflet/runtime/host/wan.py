@@ -22,7 +22,7 @@ import torch
 
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
-from difflet.runtime.cards.wan import FPS, prompt_clean  # shared with admission and the HTTP card
+from difflet.runtime.cards.wan import CARD, FPS, prompt_clean  # shared with admission and the HTTP card
 from difflet.runtime.host import host_step
 from difflet.runtime.host.cfg import is_cfg_parallel, predict_branches
 from difflet.runtime.host.flux import class_config_value, make_scheduler
@@ -114,7 +114,7 @@ def denoise(env: HostEnv, step: Node, state: RequestState) -> None:
     """The step's scheduler (UniPC flow for Wan 2.1) over `steps` timesteps, true CFG."""
     (name,) = step.args
     guidance = step.attrs.get("guidance")
-    mode = guidance["mode"] if guidance is not None else "cfg"
+    mode = guidance["mode"] if guidance is not None else CARD.default_guidance
     if mode != "cfg":
         raise DiffletError(f"wan.denoise supports guidance mode 'cfg' (true CFG), not {mode!r}",
                            where=step.loc)
