@@ -4,7 +4,7 @@
 torch-free, as the API process needs).
 """
 
-__version__ = "0.1.0"
+from difflet.version import __version__  # noqa: F401
 
 
 def __getattr__(name: str):

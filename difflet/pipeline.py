@@ -1,6 +1,6 @@
 """`DiffletPipeline`: the diffusers-shaped Python API over lower -> opt -> codegen -> ModelRunner.
 
-    pipe = DiffletPipeline.from_pretrained("ckpt/", model="flux", height=768, width=1344)
+    pipe = DiffletPipeline.from_pretrained("ckpt/", model="qwen-image", height=768, width=1344)
     image = pipe("a red fox in the snow", num_inference_steps=28, seed=0).images[0]
 
 Invariants:
@@ -47,7 +47,7 @@ class DiffletPipelineOutput:
 
 
 def model_description(model: str | Path) -> Path:
-    """A model name (`flux`, `wan2.1-tiny`: models/NAME.dsl) or a path to a .dsl file."""
+    """A model name (`qwen-image`, `wan2.1-tiny`: models/NAME.dsl) or a path to a .dsl file."""
     path = Path(model)
     if path.suffix == ".dsl" or path.is_file():
         if not path.is_file():

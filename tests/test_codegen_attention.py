@@ -45,7 +45,7 @@ def test_fewer_valid_keys_equals_diffusers_with_a_key_mask(denoiser, valid):
 
 
 def test_every_site_gets_the_difflet_processor(denoiser):
-    from difflet.codegen.family.flux import FluxBoundedAttnProcessor
+    from difflet.families.flux.programs import FluxBoundedAttnProcessor
 
     _, pm, ref, _ = denoiser
     sites = [n for n, m in pm.model.named_modules() if hasattr(m, "processor")]

@@ -1,5 +1,5 @@
-"""Family cards (difflet/runtime/cards/): what the API process says about each family equals
-what the reference pipelines and the description declare, and the cards stay torch-free."""
+"""Family facts (difflet/families/<family>/facts.py): what the API process says about each family
+equals what the reference pipelines and the description declare, and the facts stay torch-free."""
 import functools
 import inspect
 import subprocess
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from difflet.frontend.lower import lower_file
-from difflet.runtime.cards import card_of, guidance_mode, uses_negative_prompt
+from difflet.families import FAMILIES, facts_of, guidance_mode, uses_negative_prompt
 
 REPO = Path(__file__).resolve().parent.parent
-CARDS = sorted(p.stem for p in (REPO / "difflet" / "runtime" / "cards").glob("*.py") if p.stem != "__init__")
+FOLDERS = sorted(p.parent.name for p in (REPO / "difflet" / "families").glob("*/facts.py"))
 
 
 @functools.cache
@@ -30,12 +30,10 @@ def _module(dsl: str, edit=None, tmp_path=None):
     return lower_file(str(path))
 
 
-def test_importing_every_card_leaves_torch_unloaded():
-    from difflet.codegen.family import FAMILIES
-
-    assert set(CARDS) == set(FAMILIES)  # every family declares its card (the host steps import it)
-    code = ("import importlib, sys\n"
-            f"for m in {CARDS!r}: importlib.import_module('difflet.runtime.cards.' + m)\n"
+def test_importing_every_family_facts_leaves_torch_unloaded():
+    assert FOLDERS == sorted(FAMILIES)  # every registered family has its folder and facts, and back
+    code = ("import sys\nfrom difflet.families import FAMILIES, facts\n"
+            "for f in FAMILIES: facts(f).rules\n"
             "assert 'torch' not in sys.modules, sorted(k for k in sys.modules if 'torch' in k)[:5]\n")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -62,8 +60,8 @@ def test_video_frame_rates_are_the_pipelines(tmp_path):
 
     ltx2 = _module("ltx2-tiny")
     default = inspect.signature(LTX2Pipeline.__call__).parameters["frame_rate"].default
-    assert card_of(ltx2).fps(ltx2) == default
+    assert facts_of(ltx2).fps(ltx2) == default
     faster = _module("ltx2-tiny", ("frame_rate: 24.0", "frame_rate: 30.0"), tmp_path)
-    assert card_of(faster).fps(faster) == 30.0  # the rate the host schedule builds RoPE and the MP4 at
+    assert facts_of(faster).fps(faster) == 30.0  # the rate the host schedule builds RoPE and the MP4 at
     for dsl, fps in (("hunyuan-video-tiny", 15.0), ("flux-tiny", 0.0)):  # the model card's export fps; images
-        assert card_of(_module(dsl)).fps(_module(dsl)) == fps
+        assert facts_of(_module(dsl)).fps(_module(dsl)) == fps

@@ -91,7 +91,7 @@ def test_text_programs_equal_gemma_and_connectors(programs, pipe, prompt):
 
 
 def test_transformer_program_equals_diffusers(programs, pipe, runner):
-    from difflet.runtime.host import ltx2
+    from difflet.families.ltx2 import host as ltx2
 
     _, _, _, text, audio_text = _reference_text(pipe, PROMPTS[0])
     gen = torch.Generator().manual_seed(1)
@@ -151,7 +151,7 @@ def test_runner_equals_ltx2pipeline(runner, pipe, prompt, seed, steps, guidance,
 
 
 def test_invalid_inputs_are_refused(programs, runner):
-    from difflet.runtime.host import ltx2
+    from difflet.families.ltx2 import host as ltx2
 
     ids = torch.zeros(1, 16, dtype=torch.int64)
     for bad in (torch.tensor([5]), torch.tensor(17)):  # a runtime value: 0-d and in its range
@@ -164,7 +164,7 @@ def test_invalid_inputs_are_refused(programs, runner):
     with pytest.raises(DiffletError, match="height"):
         runner.resolve(prompt="a cat", seed=0, height=64)
     # the pipeline's STG default needs a perturbed transformer program, which is not compiled
-    step = ltx2._denoise_step(runner.env)
+    step = ltx2.schedule_step(runner.env.module, "ltx2.denoise")
     stg = msgspec.structs.replace(step, attrs=step.attrs.set(guidance=step.attrs["guidance"].set(stg_scale=1.0)))
     with pytest.raises(DiffletError, match="guidance.stg_scale = 1.0"):
         ltx2.guidance_scales(stg, 3.0)
@@ -180,8 +180,8 @@ def test_host_with_a_gemma_tokenizer_encodes_like_the_pipeline(runner, pipe, tmp
     valid count through the programs give the pipeline's connector embeddings with that tokenizer."""
     from transformers import GemmaTokenizer
 
-    from difflet.runtime.host import ltx2
-    from difflet.runtime.schedule import HostEnv
+    from difflet.families.ltx2 import host as ltx2
+    from difflet.runtime.host.env import HostEnv
 
     words = ["<pad>", "<eos>", "<bos>", "<unk>", "▁", *"abcdefghijklmnopqrstuvwxyz"]
     tok = GemmaTokenizer(vocab={w: i for i, w in enumerate(words)}, merges=[])  # characters

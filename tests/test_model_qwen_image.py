@@ -169,7 +169,8 @@ def _variant(tmp_path, old, new):
 
 
 def test_bad_guidance_mode_and_template_are_clear_errors(runner, tmp_path):
-    from difflet.runtime.schedule import HostEnv, run_schedule
+    from difflet.runtime.host.env import HostEnv
+    from difflet.runtime.schedule import run_schedule
 
     params = runner.resolve(prompt="a cat", seed=0)
     cases = [('mode: "true_cfg"', 'mode: "embedded"', "guidance", "guidance modes 'true_cfg' and 'none'"),

@@ -251,7 +251,7 @@ def test_warm_up_passes(runner):
 def test_prompt_clean_matches_the_pipeline():
     from diffusers.pipelines.wan.pipeline_wan import prompt_clean as reference
 
-    from difflet.runtime.host.wan import prompt_clean
+    from difflet.families.wan.host import prompt_clean
 
     for text in ["  a  cat\n\tand a dog ", "fish &amp;amp; chips", "caf\u00e9 &lt;b&gt;"]:
         assert prompt_clean(text) == reference(text)
@@ -283,9 +283,9 @@ def test_real_size_dsl_fits_the_host_steps_and_the_real_vae():
     declarations are AutoencoderKLWan's at 480x832 (checked on a meta-device model: shapes only)."""
     from diffusers import AutoencoderKLWan
 
-    from difflet.codegen.family.wan_vae import WanChunkDecoder
+    from difflet.families.wan.vae import WanChunkDecoder
     from difflet.frontend.lower import lower_file
-    from difflet.runtime.host import get_step
+    from difflet.runtime.schedule import get_step
     from difflet.runtime.schedule import schedule_steps
 
     module = lower_file(str(REPO / "models" / "wan2.1.dsl"))

@@ -97,10 +97,16 @@ def test_cfg_changes_the_denoiser_cache_key_only(qwen):
 
 
 def test_an_undeclared_branch_input_is_an_error_naming_it(qwen, monkeypatch):
-    from difflet.passes import split_rules
+    import dataclasses
 
-    rules = dict(split_rules.RULES["diffusers.QwenImageTransformer2DModel"], cfg_branch=("negative_embeds",))
-    monkeypatch.setitem(split_rules.RULES, "diffusers.QwenImageTransformer2DModel", rules)
+    from difflet import families
+
+    cls = "diffusers.QwenImageTransformer2DModel"
+    real = families.facts
+    facts = real("qwen_image")
+    rules = {cls: dict(facts.rules[cls], cfg_branch=("negative_embeds",))}
+    monkeypatch.setattr(families, "facts", lambda f: dataclasses.replace(facts, rules=rules)
+                        if f == "qwen_image" else real(f))
     with pytest.raises(DiffletError, match=r"cfg branch inputs \['negative_embeds'\] are not inputs"):
         optimize(qwen, "tp1+cfg2", **PINNED)
 

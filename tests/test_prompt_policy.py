@@ -231,8 +231,12 @@ def pipeline_inputs(family: str, ckpt, prompt: str, text_len: int) -> dict[str, 
 
 def host_inputs(family: str, module, ckpt, prompt: str) -> dict[str, list[int]]:
     """encoder -> the valid ids the host step hands the encoder program (recording programs)."""
-    from difflet.runtime.host import hunyuan_video, ltx2, qwen_image, wan
-    from difflet.runtime.schedule import HostEnv
+    from difflet.families.hunyuan_video import host as hunyuan_video
+    from difflet.families.ltx2 import host as ltx2
+    from difflet.families.qwen_image import host as qwen_image
+    from difflet.families.wan import host as wan
+    from difflet.runtime.host.toolkit import input_shape
+    from difflet.runtime.host.env import HostEnv
 
     def program(*args):
         raise Captured(args, {})
@@ -247,10 +251,10 @@ def host_inputs(family: str, module, ckpt, prompt: str) -> dict[str, list[int]]:
         ids, valid = ltx2.tokenize(env, enc, prompt)
         return {"text_encoder": ids[0, ids.shape[1] - valid:].tolist()}  # left-padded
     if family == "qwen_image":
-        t = qwen_image._input_shape(denoiser, "encoder_hidden_states")[1]
+        t = input_shape(denoiser, "encoder_hidden_states")[1]
         got = _capture(lambda: qwen_image.encode_text(env, enc, t, prompt))
         return {"text_encoder": got.args_[0][0].tolist()}  # right-padded to exactly max_length
-    t = hunyuan_video._input_shape(denoiser, "encoder_hidden_states")[1]
+    t = input_shape(denoiser, "encoder_hidden_states")[1]
     llama = _capture(lambda: hunyuan_video.llama_embeds(env, enc, t, prompt)).args_[0][0].tolist()
     clip = _capture(lambda: hunyuan_video.clip_pooled(env, env.component("text_encoder_2"), prompt))
     return {"text_encoder": llama, "text_encoder_2": clip.args_[0][0].tolist()}
@@ -300,10 +304,15 @@ def pipeline_text(family: str, encoder: str, prompt: str) -> str:
 def test_prompt_templates_equal_the_pipelines():
     from diffusers.pipelines.hunyuan_video.pipeline_hunyuan_video import DEFAULT_PROMPT_TEMPLATE
 
-    from difflet.codegen.family.qwen_image import PROMPT_TEMPLATE
-    from difflet.runtime.cards import hunyuan_video, qwen_image
+    from diffusers import QwenImagePipeline
 
-    assert qwen_image.PROMPT_TEMPLATE == PROMPT_TEMPLATE
+    from difflet.families.hunyuan_video import facts as hunyuan_video
+    from difflet.families.qwen_image import facts as qwen_image
+    from difflet.families.qwen_image.programs import TEMPLATE_START
+
+    pipe = QwenImagePipeline(scheduler=None, vae=None, text_encoder=None, tokenizer=None, transformer=None)
+    assert qwen_image.PROMPT_TEMPLATE == pipe.prompt_template_encode  # set in its __init__
+    assert TEMPLATE_START == pipe.prompt_template_encode_start_idx
     assert hunyuan_video.PROMPT_TEMPLATE == DEFAULT_PROMPT_TEMPLATE["template"]
 
 

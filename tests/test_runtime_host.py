@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from difflet.errors import DiffletError
-from difflet.runtime.host import flux, get_step
+from difflet.families.flux import host as flux
+from difflet.runtime.host import toolkit
+from difflet.runtime.schedule import get_step
 from difflet.runtime.runner import ModelRunner
 from difflet.runtime.schedule import check_schedule
 from difflet.runtime.validate import resolve_request
@@ -89,9 +91,9 @@ def test_pack_unpack_and_ids_match_diffusers():
     from diffusers import FluxPipeline
 
     x = torch.randn(1, 4, 16, 12)
-    packed = flux.pack_latents(x)  # exact: packing only moves values; the ids are small integers
+    packed = toolkit.pack_latents(x)  # exact: packing only moves values; the ids are small integers
     assert torch.equal(packed, FluxPipeline._pack_latents(x, 1, 4, 16, 12))
-    assert torch.equal(flux.unpack_latents(packed, 16, 12), x)
+    assert torch.equal(toolkit.unpack_latents(packed, 16, 12), x)
     assert torch.equal(flux.latent_image_ids(8, 6),
                        FluxPipeline._prepare_latent_image_ids(1, 8, 6, "cpu", torch.float32))
 
@@ -100,7 +102,7 @@ def test_calculate_shift_matches_diffusers():
     from diffusers.pipelines.flux.pipeline_flux import calculate_shift
 
     for n in (64, 256, 4096, 6889):
-        assert flux.calculate_shift(n, 256, 4096, 0.5, 1.15) == pytest.approx(calculate_shift(n, 256, 4096, 0.5, 1.15))
+        assert toolkit.calculate_shift(n, 256, 4096, 0.5, 1.15) == pytest.approx(calculate_shift(n, 256, 4096, 0.5, 1.15))
 
 
 PROFILE = {"height": 32, "width": 32, "steps": 4, "guidance": 3.5}

@@ -49,7 +49,7 @@ def test_guidance_mode_none_needs_a_transformer_without_guidance_input():
     """Mode "none" with a transformer that has a guidance input is refused, not run unguided."""
     from difflet.errors import DiffletError
     from difflet.ir.nodes import Op
-    from difflet.runtime.host import flux
+    from difflet.families.flux import host as flux
 
     class Env:
         def component(self, name):

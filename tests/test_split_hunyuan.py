@@ -6,7 +6,7 @@ passes, which this model does not run) is built
 per rank by codegen's split_layout (presharded ParallelLinears, SP regions with the single-stream
 blocks' joint [visual, text] token segments, the visual stream sharded inside the model at
 transformer_blocks.0 / rope / proj_out, the SP text at transformer_blocks.0's input, CP joint
-attention with the runtime bound via family/hunyuan_video_attention's processor; the token refiner
+attention with the runtime bound via families/hunyuan_video/attention.py's processor; the token refiner
 replicated) from one random:0 checkpoint:
 - hunyuan-video-tiny (2 heads): tp2, tp2+sp, cp2 x {ulysses, ring, gather_kv}; tp2cp2 and
   tp2cp2+sp x {ring, gather_kv}, cp4 x {ring, gather_kv} (Ulysses at 4 ranks and tp4 need 4 heads);

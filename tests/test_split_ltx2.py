@@ -4,7 +4,7 @@ Every layout `--list-legal --target cpu` calls legal at 2 and 4 ranks (cfg/dp ar
 per rank by codegen's split_layout (presharded ParallelLinears of both streams, ParallelRMSNorm q/k
 norms across heads, RoPE tables cut to the rank's heads, the video stream CP-sharded at the IR
 inputs, audio and text replicated over cp and token-sharded over tp with SP, the split attention of
-family/ltx2_attention: planned CP mode for video self-attention, gather_kv for audio queries over
+families/ltx2/attention.py: planned CP mode for video self-attention, gather_kv for audio queries over
 video keys, local elsewhere) from one random:0 checkpoint:
 - ltx2-tiny (2 heads per stream, 9 audio tokens: no SP): tp2, cp2 x {ulysses, ring, gather_kv};
   tp2cp2 and cp4 x {ring, gather_kv} (Ulysses and tp4 need 4 heads);

@@ -3,7 +3,7 @@
 Every configuration the planner calls legal on cpu among tp2, tp4, tp4+sp, tp2cp2 x {ulysses, ring,
 gather_kv}, cp4 x {ulysses, ring, gather_kv}, tp2cp2+sp x all three (cfg/dp layouts are not built by
 codegen yet) is built per rank by codegen's split_layout (presharded
-ParallelLinears, SP regions, CP joint attention via family/qwen_image_attention's processor) from one random:0
+ParallelLinears, SP regions, CP joint attention via families/qwen_image/attention.py's processor) from one random:0
 checkpoint, run eagerly, and compared with diffusers' QwenImageTransformer2DModel with
 encoder_hidden_states_mask = [1]*valid + [0]*pad (its own masked joint attention). Also:
 - valid_text moves the output far more than the split error (else equality proves little);

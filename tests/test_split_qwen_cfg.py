@@ -4,7 +4,7 @@ program, eager here; cfg group 0 = ranks 0, 1 runs the prompt, group 1 = ranks 2
 prompt from the `uncond_*` twin inputs with their own valid_text), called ONCE with both passes'
 inputs. It returns both predictions, which must equal the UNSPLIT diffusers QwenImageTransformer2DModel
 run once per prompt (text padding masked with diffusers' own encoder_hidden_states_mask); the
-combination QwenImagePipeline applies is then the host's (runtime/host/qwen_image.py), written out
+combination QwenImagePipeline applies is then the host's (difflet/families/qwen_image/host.py), written out
 here as the oracle and applied to both sides:
     comb = neg + s * (cond - neg);  noise = comb * (||cond|| / ||comb||)   (norms over the last dim)
 """

@@ -3,7 +3,7 @@
 Every layout `--list-legal --target cpu` calls legal at 2 and 4 ranks (cfg/dp are not built) is built
 per rank by codegen's split_layout (presharded ParallelLinears, ParallelRMSNorm q/k norms across
 heads, SP regions, the visual stream sharded inside the model at blocks.0 / rope / proj_out, CP
-self-attention via family/wan_attention's processor) from one random:0 checkpoint:
+self-attention via families/wan/attention.py's processor) from one random:0 checkpoint:
 - wan2.1-tiny (2 heads): tp2, tp2+sp, cp2 x {ulysses, ring, gather_kv}; tp2cp2 and tp2cp2+sp x
   {ring, gather_kv}, cp4 x {ring, gather_kv} (Ulysses and tp4 need 4 heads);
 - wan2.1-tiny4 (4 heads): tp4, tp4+sp, tp2cp2, tp2cp2+sp and cp4 x {ulysses, ring, gather_kv}.

@@ -7,7 +7,7 @@ Invariants:
   and calls the kernel contract `bounded_attention` (fused SDPA, difflet/kernels) with bounds
   [0, V + valid_text). Queries keep the model's order, so outputs line up with the reference.
 - Softmax is invariant to key order, so with valid_text == T the op equals dense attention.
-- Which processor serves a class is that class's family declaration (difflet/codegen/family/);
+- Which processor serves a class is that class's family declaration (codegen/decl.py `declaration`);
   importing this module imports no family (the registry is read inside install_attention).
 """
 from __future__ import annotations
@@ -18,51 +18,6 @@ import torch
 
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
-from difflet.kernels.attention_fused import bounded_attention
-
-
-def joint_bounded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, text_len: int,
-                            valid_text: torch.Tensor | None, text_first: bool = True) -> torch.Tensor:
-    """Attention over a joint [text, visual] (or [visual, text]) sequence, text keys >= valid_text excluded.
-
-    q/k/v are [B, H, S, D] with S = text_len + V in the model's order; valid_text is a 0-d int64
-    tensor in [1, text_len] (None = all text is valid). Returns [B, H, S, D] in query order.
-    """
-    seq = k.shape[-2]
-    if text_first:
-        k_text, k_vis = k[..., :text_len, :], k[..., text_len:, :]
-        v_text, v_vis = v[..., :text_len, :], v[..., text_len:, :]
-    else:
-        k_vis, k_text = k[..., : seq - text_len, :], k[..., seq - text_len:, :]
-        v_vis, v_text = v[..., : seq - text_len, :], v[..., seq - text_len:, :]
-    # [visual, text]: text padding sits after the valid text, so valid keys are [0, V + valid).
-    keys = torch.cat([k_vis, k_text], dim=-2)
-    values = torch.cat([v_vis, v_text], dim=-2)
-    n_vis = seq - text_len
-    if valid_text is None:
-        valid_text = torch.tensor(text_len, dtype=torch.int64, device=q.device)
-    lo = torch.zeros((), dtype=torch.int64, device=q.device)
-    hi = valid_text.to(device=q.device, dtype=torch.int64).reshape(()) + n_vis
-    return bounded_attention(q, keys, values, lo, hi)
-
-
-def split_joint_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, text_len: int, text_first: bool,
-                          valid_text: torch.Tensor | None, mode: str, group) -> torch.Tensor:
-    """The joint attention of one rank of a split layout: [B, H_local, S, D] q/k/v in the model's
-    order (T static text tokens, this rank's visual shard) -> output in query order, the keys
-    attended over the CP group in `mode` (difflet.parallel.joint_attention)."""
-    from difflet.parallel.joint_attention import joint_attention
-
-    t = text_len
-    if valid_text is None:
-        valid_text = torch.tensor(t, dtype=torch.int64, device=q.device)
-    seq = q.shape[2]
-    txt = slice(0, t) if text_first else slice(seq - t, seq)
-    vis = slice(t, seq) if text_first else slice(0, seq - t)
-    mode = "gather_kv" if mode == "local" else mode  # size-1 group: plain bounded attention
-    out_vis, out_txt = joint_attention(mode, q[:, :, vis], k[:, :, vis], v[:, :, vis], q[:, :, txt],
-                                       k[:, :, txt], v[:, :, txt], valid_text, group)
-    return torch.cat([out_txt, out_vis] if text_first else [out_vis, out_txt], dim=2)
 
 
 def _text_len(node: Node) -> int:
@@ -91,7 +46,7 @@ def install_attention(model: torch.nn.Module, node: Node) -> int:
     sites = [s for s in sites if s.attrs.get("kind") == "joint"]
     if not sites:
         return 0
-    from difflet.codegen.family import declaration, declared
+    from difflet.codegen.declarations import declaration, declared
 
     cls = declaration(node.attrs["class"]).processor  # the class's family declares it
     if cls is None:

@@ -43,7 +43,7 @@ def branch_key(cache_key: str, name: str, value: int) -> str:
 
 def branch_input(comp: Node) -> str | None:
     """The runtime input `comp`'s class declares it branches on, if its IR has it; at most one."""
-    from difflet.codegen.family import declaration
+    from difflet.codegen.declarations import declaration
 
     declared = declaration(str(comp.attrs.get("class"))).branch_inputs
     names = [n.name for n in comp.find(Op.INPUT) if n.name in declared]

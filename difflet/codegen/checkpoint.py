@@ -11,39 +11,27 @@ Invariants:
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 from difflet.errors import DiffletError
-from difflet.codegen.family import declaration, family_hooks
+from difflet.codegen.declarations import declaration
+from difflet.codegen.tiny_tokenizers import special_ids, word_level_tokenizer
+from difflet.families import FAMILIES, pipeline_class, programs
+from difflet.frontend import classes
 from difflet.frontend.checkpoint_config import same_value
 from difflet.ir.nodes import Attrs, Module, Node, Op, thaw
 
 # Bump when materialize_checkpoint writes something different for the same inputs (store key).
 MATERIALIZE_VERSION = 2
 
-# Caption words first, so tiny tokenizers see real prompts as real ids (not all <unk>).
-CAPTION_WORDS = (
-    "a an the of on in with and at by to from under over near behind front top "
-    "red orange yellow green blue purple pink brown black white gray grey gold silver "
-    "circle square triangle star heart cube sphere ball box ring line dot stripe "
-    "cat dog fox bird fish horse cow tree flower house car boat sun moon cloud sky "
-    "mountain river sea lake forest field road city street snow rain grass sand stone "
-    "small big large tiny bright dark light shiny soft old new round flat tall "
-    "background foreground photo painting drawing picture image portrait landscape "
-    "one two three many sitting standing flying running water fire night day"
-).split()
-
-
 def resolve_class(qualified: str, where: Any = None) -> type:
     """`diffusers.<Class>` (or `transformers.<Class>`) -> the class; a clear DiffletError when it is not there."""
-    module_name, _, attr = qualified.rpartition(".")
     try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError) as err:
+        return classes.resolve_class(qualified)
+    except classes.ClassError as err:
         raise DiffletError(f"cannot import class {qualified!r}: {err}", where=where) from None
 
 
@@ -66,9 +54,9 @@ def checkpoint_key(module: Module, seed: int) -> str:
     import transformers
 
     parts: list[Any] = [MATERIALIZE_VERSION, seed, torch.__version__, diffusers.__version__, transformers.__version__]
-    hooks = family_hooks(module.attrs.get("family"))
-    if hooks is not None:  # a family's hooks can change what is materialized
-        parts.append(hashlib.sha256(Path(hooks.__file__).read_bytes()).hexdigest())
+    family = module.attrs.get("family")
+    if family in FAMILIES:  # a family's declarations can change what is materialized
+        parts.append(hashlib.sha256(Path(programs(family).__file__).read_bytes()).hexdigest())
     for comp in module.components():
         parts.append([comp.name, comp.attrs.get("class"), comp.attrs.get("subfolder"),
                       thaw(comp.attrs.get("config")), thaw(comp.attrs.get("tokenizer"))])
@@ -93,51 +81,6 @@ def _build_random(comp: Node, seed: int):
     return cls.from_config(config)
 
 
-def _special_ids(config: dict) -> dict[str, int]:
-    """Special token ids from the encoder config; bos always gets an id (1 unless the config says)
-    so every tokenizer of a checkpoint shares one vocabulary layout, whether it adds bos or not."""
-    ids = {"pad": config.get("pad_token_id", 0), "eos": config.get("eos_token_id", 2)}
-    bos = config.get("bos_token_id")
-    ids["bos"] = bos if bos is not None else min(set(range(len(ids) + 1)) - set(ids.values()))
-    return ids
-
-
-def _word_level_tokenizer(vocab_size: int, special: dict[str, int], clip_style: bool,
-                          max_length: int, dest: Path) -> None:
-    from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
-    from tokenizers.models import WordLevel
-    from transformers import PreTrainedTokenizerFast
-
-    names = {"pad": "<pad>", "bos": "<s>", "eos": "</s>", "unk": "<unk>"}
-    vocab: dict[str, int] = {names[k]: i for k, i in special.items()}
-    taken = set(vocab.values())
-    free = (i for i in range(vocab_size) if i not in taken)
-    vocab[names["unk"]] = next(free)
-    for word in CAPTION_WORDS:
-        vocab.setdefault(word, next(free, None))
-    for i in free:
-        vocab[f"tok{i}"] = i
-    vocab = {w: i for w, i in vocab.items() if i is not None}
-    if max(vocab.values()) >= vocab_size:
-        raise DiffletError(f"special token ids {special} do not fit vocab_size {vocab_size}", where=dest)
-
-    tok = Tokenizer(WordLevel(vocab, unk_token=names["unk"]))
-    tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    eos = (names["eos"], special["eos"])
-    if clip_style:
-        bos = (names["bos"], special["bos"])
-        tok.post_processor = processors.TemplateProcessing(
-            single=f"{bos[0]} $A {eos[0]}", special_tokens=[bos, eos])
-    else:
-        tok.post_processor = processors.TemplateProcessing(single=f"$A {eos[0]}", special_tokens=[eos])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=max_length,
-                                   pad_token=names["pad"], eos_token=names["eos"],
-                                   unk_token=names["unk"], bos_token=names["bos"],
-                                   padding_side="right")
-    fast.save_pretrained(str(dest))
-
-
 def materialize_checkpoint(module: Module, seed: int, dest: str | os.PathLike) -> Path:
     """Write a diffusers-format checkpoint of `module`'s components with weights seeded by `seed`.
 
@@ -147,7 +90,6 @@ def materialize_checkpoint(module: Module, seed: int, dest: str | os.PathLike) -
     dest.mkdir(parents=True, exist_ok=True)
     index: dict[str, Any] = {}
     family = module.attrs.get("family")
-    hooks = family_hooks(family)
     for i, comp in enumerate(module.components()):
         model = _build_random(comp, seed * 1000 + i)
         sub = comp.attrs.get("subfolder", comp.name)
@@ -162,7 +104,7 @@ def materialize_checkpoint(module: Module, seed: int, dest: str | os.PathLike) -
             if write is not None:
                 write(comp, config, tok, dest / tsub)
             else:
-                _word_level_tokenizer(config["vocab_size"], _special_ids(config),
+                word_level_tokenizer(config["vocab_size"], special_ids(config),
                                       clip_style="CLIP" in cls, max_length=tok["max_length"],
                                       dest=dest / tsub)
             tcls = tok.get("class", "transformers.PreTrainedTokenizerFast")
@@ -172,11 +114,11 @@ def materialize_checkpoint(module: Module, seed: int, dest: str | os.PathLike) -
         cls = resolve_class(sched["class"])
         cls.from_config(sched["config"].to_python()).save_pretrained(str(dest / "scheduler"))
         index["scheduler"] = [_library(sched["class"]), sched["class"].rpartition(".")[2]]
-    pipeline = module.attrs.get("pipeline") or getattr(hooks, "PIPELINE_CLASS", None)
+    pipeline = module.attrs.get("pipeline") or pipeline_class(family)
     import diffusers
 
     head = {"_class_name": pipeline or "DiffusionPipeline", "_diffusers_version": diffusers.__version__}
-    index.update(getattr(hooks, "INDEX_EXTRAS", {}))
+    index.update(getattr(programs(family), "INDEX_EXTRAS", {}) if family in FAMILIES else {})
     (dest / "model_index.json").write_text(json.dumps({**head, **dict(sorted(index.items()))}, indent=2))
     return dest
 

@@ -117,11 +117,11 @@ def codegen(module: Module, weights: str | os.PathLike, out: str | os.PathLike, 
 def _codegen(module: Module, weights, out: Path, backend: str, store, log, verbose: bool) -> CodegenResult:
     import torch
 
-    import difflet
     from difflet.codegen.backends import get_backend
     from difflet.codegen.checkpoint import resolve_weights
     from difflet.codegen.compile_pool import CompilePool
     from difflet.codegen.store import Store
+    from difflet.version import __version__
     from difflet.ir import binary
 
     _require_planned(module, backend)
@@ -165,7 +165,7 @@ def _codegen(module: Module, weights, out: Path, backend: str, store, log, verbo
         format=FORMAT_VERSION, model=module.name, family=str(module.attrs.get("family")),
         profile=thaw(module.attrs.get("profile")) or {}, parallel=thaw(module.attrs.get("parallel")) or {},
         target=str(module.attrs.get("target")), backend=backend,
-        versions=Versions(torch=str(torch.__version__), difflet=str(difflet.__version__)),
+        versions=Versions(torch=str(torch.__version__), difflet=str(__version__)),
         module=file_ref(out, MODULE_FILE), host="host", host_files=_copy_host(ckpt, module, out / "host"),
         weights_source=str(weights), components={n.name: entries[n.name] for n in nodes},
         runtime=runtime_settings(module), schedule=schedule_steps(module), buckets=buckets(module))

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-from difflet.codegen.build import ProgramModule, build_program_module, example_inputs
+from difflet.codegen.build import build_program_module, example_inputs
+from difflet.codegen.program_module import ProgramModule
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node
 

@@ -15,7 +15,7 @@ Invariants:
   row bias): rank r's dict has exactly the SPMD module's state-dict keys, shapes and dtypes and is
   written as weights/<name>.rank<r>.safetensors; `unshard` inverts it (tests check both on CPU).
 - Only tp layouts are built (no sp, no cp): their attention is rank-local ("local" mode); which
-  classes is difflet/passes/built.py `SPMD_BUILT` (the planner's and codegen's one list).
+  classes is difflet/passes/built.py `spmd_built()`, from the families' facts (the planner's and codegen's one list).
 - The store entry (key: the component's cache key, which covers its layout) holds the program
   without weights (`NxDModel.save`'s default `save_weights=False`); codegen links it into ART/ once
   per rank (`programs/<name>.rank<r>.pt2`, one file: the runtime's rank-file check names ranks) and

@@ -4,7 +4,7 @@ The planned IR's top-level `probe` node (extract-probe, mode "separate") describ
 - The program is what the denoiser class's family declares (`ProbeDecl`: the inputs it reads and
   its module, e.g. input projection, embeddings and the first block's norm1, stopping before
   attention), with the denoiser's checkpoint weights for exactly those modules (so it loads
-  only what it runs). Which classes have a probe is difflet/passes/built.py `PROBE_BUILT`.
+  only what it runs). Which classes have a probe is difflet/passes/built.py `probe_built()`.
 - Its compiled signature is the IR's, pruned: the denoiser inputs the computation uses, in IR
   order, in; `score` (0-d float32, mean|f - prev| / mean|prev|) out. The IR's `prev_feature`
   (state="device") is a registered buffer, and `feature` (alias="prev_feature") is its in-place
@@ -25,7 +25,7 @@ from typing import Any, Callable
 import msgspec
 import torch
 
-from difflet.codegen.family.decl import ProbeDecl
+from difflet.codegen.decl import ProbeDecl
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Module, Node, Op
 
@@ -33,13 +33,13 @@ PROBE_NAME = "probe"
 
 
 def probe_facts(node: Node) -> ProbeDecl:
-    """The probe declaration of the denoiser's class (its family module declares it)."""
-    from difflet.codegen.family import declaration
+    """The probe declaration of the denoiser's class (its family's programs.py declares it)."""
+    from difflet.codegen.declarations import declaration
 
     facts = declaration(str(node.attrs.get("class"))).probe
     if facts is None:  # passes/built.py says built, yet no family says how: a registry bug
-        raise DiffletError(f"{node.attrs.get('class')} is listed in difflet/passes/built.py PROBE_BUILT but "
-                           "its family module declares no probe", where=node.loc)
+        raise DiffletError(f"{node.attrs.get('class')} is listed in its family facts' probe_built but "
+                           "its family's programs.py declares no probe", where=node.loc)
     return facts
 
 

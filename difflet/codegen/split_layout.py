@@ -29,9 +29,11 @@ import os
 import torch
 
 from difflet.codegen.attention import install_attention
-from difflet.codegen.build import ProgramModule, build_program_module, program_inputs
-from difflet.codegen.family import declaration
-from difflet.codegen.family.decl import SplitDecl
+from difflet.codegen.build import build_program_module
+from difflet.codegen.program import program_inputs
+from difflet.codegen.program_module import ProgramModule
+from difflet.codegen.declarations import declaration
+from difflet.codegen.decl import SplitDecl
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
 from difflet.parallel.layers import ParallelLinear, ParallelRMSNorm, sp_shard
@@ -55,11 +57,11 @@ def unsupported_reason(node: Node, backend: str = "inductor") -> str | None:
 
 
 def split_facts(node: Node) -> SplitDecl:
-    """The split declaration of the component's class (its family module declares it)."""
+    """The split declaration of the component's class (its family's programs.py declares it)."""
     facts = declaration(node.attrs["class"]).split
     if facts is None:  # passes/built.py says built, yet no family says how: a registry bug
-        raise DiffletError(f"{node.attrs['class']} is listed in difflet/passes/built.py SPLIT_BUILT but "
-                           "its family module declares no split", where=node.loc)
+        raise DiffletError(f"{node.attrs['class']} is listed in its family facts' split_built but "
+                           "its family's programs.py declares no split", where=node.loc)
     return facts
 
 

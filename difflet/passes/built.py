@@ -2,33 +2,46 @@
 `difflet codegen` refuses, and codegen refuses with the same words.
 
 Invariants:
-- Torch-free. `SPLIT_BUILT` / `PROBE_BUILT` name the denoiser classes whose split programs /
-  probe program codegen builds: the single list both the planner and codegen read (`SPMD_BUILT`:
-  those whose tp-only layouts the neuron backend builds as one NxD SPMD program). How each
-  is built is its family's declaration (difflet/codegen/family/<family>.py `CLASSES`, a
+- Torch-free. `split_built()` / `probe_built()` / `spmd_built()` are the denoiser classes whose
+  split / probe / neuron SPMD programs codegen builds, as each family's facts list them
+  (difflet/families/<family>/facts.py): the single list both the planner and codegen read. How
+  each is built is its family's declaration (difflet/families/<family>/programs.py `CLASSES`, a
   `SplitDecl` / `ProbeDecl`), present for exactly these classes (tests/test_passes_built.py).
 - A legal plan is buildable iff `reasons(planned, backend)` is empty; codegen raises the first
   reason of the component it is about to build (`layout_reason`, `probe_reason`).
 - A cfg layout is built iff its class declares its branch inputs (the twins are in the IR) and
   its inner layout (one cfg group: world / cfg ranks) is built: an inner world of 1 is built for
-  every class (each group runs the unsplit program), a larger one needs SPLIT_BUILT.
+  every class (each group runs the unsplit program), a larger one needs split_built().
 """
 from __future__ import annotations
 
 from difflet.ir.nodes import Module, Node, Op
 from difflet.passes.cfg_branch import has_twins
 
-SPLIT_BUILT = ("diffusers.FluxTransformer2DModel", "diffusers.QwenImageTransformer2DModel",
-               "diffusers.WanTransformer3DModel", "diffusers.HunyuanVideoTransformer3DModel",
-               "diffusers.LTX2VideoTransformer3DModel")
-PROBE_BUILT = ("diffusers.FluxTransformer2DModel", "diffusers.QwenImageTransformer2DModel",
-               "diffusers.WanTransformer3DModel", "diffusers.HunyuanVideoTransformer3DModel",
-               "diffusers.LTX2VideoTransformer3DModel")
 SPLIT_BACKENDS = ("inductor", "neuron")
-# neuron: one NxD SPMD program (codegen/neuron_spmd.py) whose only collectives are NxD's parallel
-# linears, so tp-only layouts of classes whose attention takes its head count from the shapes
-# (not Wan: its tp layout all-reduces the q/k RMSNorm statistics across heads)
-SPMD_BUILT = ("diffusers.FluxTransformer2DModel", "diffusers.QwenImageTransformer2DModel")
+
+
+def _built(field: str) -> tuple[str, ...]:
+    """The classes every registered family lists in its facts' `field`."""
+    from difflet.families import all_facts
+
+    return tuple(cls for facts in all_facts().values() for cls in getattr(facts, field))
+
+
+def split_built() -> tuple[str, ...]:
+    """Denoiser classes whose split programs codegen builds."""
+    return _built("split_built")
+
+
+def probe_built() -> tuple[str, ...]:
+    """Denoiser classes whose step-caching probe program codegen builds."""
+    return _built("probe_built")
+
+
+def spmd_built() -> tuple[str, ...]:
+    """Classes whose tp-only layouts the neuron backend builds as one NxD SPMD program
+    (codegen/neuron_spmd.py: its only collectives are NxD's parallel linears)."""
+    return _built("spmd_built")
 
 
 def replica_world(layout_attrs) -> int:
@@ -47,9 +60,9 @@ def layout_reason(comp: Node, backend: str = "inductor") -> str | None:
     cfg = int(la.get("cfg", 1))
     if cfg > 1 and not has_twins(comp):
         return (f"cfg layouts of {cls} are not built: its class declares no inputs of the unconditional "
-                "pass (difflet/passes/split_rules.py `cfg_branch`)")
-    if replica_world(la) // cfg > 1 and cls not in SPLIT_BUILT:
-        built = ", ".join(c.rpartition(".")[2] for c in SPLIT_BUILT)
+                "pass (its family's split rules `cfg_branch`)")
+    if replica_world(la) // cfg > 1 and cls not in split_built():
+        built = ", ".join(c.rpartition(".")[2] for c in split_built())
         return f"split programs of {cls} are not built yet (built: {built})"
     if backend not in SPLIT_BACKENDS:
         return f"split programs are built for the {', '.join(SPLIT_BACKENDS)} backends only so far, not {backend}"
@@ -60,8 +73,8 @@ def spmd_reason(comp: Node, la) -> str | None:
     """Why the neuron SPMD path cannot build this split layout (None when it can)."""
     if la.get("sp") or int(la.get("cp", 1)) > 1:
         return "the neuron backend builds tp-only split programs (one NxD SPMD program) so far, not sp or cp"
-    if comp.attrs.get("class") not in SPMD_BUILT:
-        built = ", ".join(c.rpartition(".")[2] for c in SPMD_BUILT)
+    if comp.attrs.get("class") not in spmd_built():
+        built = ", ".join(c.rpartition(".")[2] for c in spmd_built())
         return f"neuron SPMD programs of {comp.attrs.get('class')} are not built yet (built: {built})"
     return None
 
@@ -71,7 +84,7 @@ def probe_reason(probe: Node) -> str | None:
     if probe.attrs.get("mode") != "separate":
         return (f"probe mode {probe.attrs.get('mode')!r} is not supported by codegen yet; use "
                 "`difflet opt --probe separate`")
-    if probe.attrs.get("class") not in PROBE_BUILT:
+    if probe.attrs.get("class") not in probe_built():
         return f"no probe program for denoiser class {probe.attrs.get('class')!r}"
     return None
 

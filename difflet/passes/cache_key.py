@@ -69,9 +69,7 @@ def program_source_digest(root: Path | None = None) -> str:
 def difflet_version() -> str:
     v = package_version("difflet")
     if v == "absent":
-        import difflet
-
-        v = difflet.__version__
+        from difflet.version import __version__ as v
     return f"{v}+src.{program_source_digest()}"
 
 

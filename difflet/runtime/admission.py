@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from difflet.errors import DiffletError
-from difflet.runtime.cards import uses_negative_prompt
+from difflet.families import uses_negative_prompt
 from difflet.runtime.prompt_text import PromptLengths, Truncation
 from difflet.runtime.startup import ArtifactInfo, text_limit
 from difflet.runtime.validate import resolve_request

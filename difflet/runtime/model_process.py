@@ -58,9 +58,9 @@ PRELOAD = ("torch", "torch._inductor.package", "safetensors.torch", "difflet.run
 
 def preload_modules(family: str) -> list[str]:
     """Modules the forkserver imports for a model process of `family` (its host steps too)."""
-    from difflet.runtime.host import FAMILY_MODULES
+    from difflet.families import FAMILIES, module_name
 
-    return [*PRELOAD, *([FAMILY_MODULES[family]] if family in FAMILY_MODULES else [])]
+    return [*PRELOAD, *([module_name(family, "host")] if family in FAMILIES else [])]
 
 
 def _count_compiles() -> list[int]:

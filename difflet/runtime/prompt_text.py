@@ -5,9 +5,9 @@ tokenizer.json the host schedule loads (ART/host/<subfolder>), so admission know
 is queued what the host steps will cut.
 
 Invariants:
-- An encoder's input is the family card's `prompt_text` (runtime/cards/): the exact string the
+- An encoder's input is its family facts' `prompt_text` (families/<family>/facts.py): the exact string the
   host step hands the tokenizer (the reference pipeline's prompt template, prompt_clean or
-  strip); the host steps take it from the same card.
+  strip); the host steps take it from the same facts.
 - Every encoder truncates on the right at its tokenizer's max_length, special tokens included
   (what `truncation=True` does in every reference pipeline), so the positions lost are
   tokens(full text) - max_length; template positions count like any other.
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from difflet.errors import DiffletError
-from difflet.runtime.cards import card_of
+from difflet.families import facts_of
 
 
 @dataclass(frozen=True)
@@ -87,14 +87,14 @@ class PromptLengths:
     """Per-encoder token counts of a prompt as the host tokenizes it; tokenizers load at construction."""
 
     def __init__(self, module, host_dir: Path) -> None:
-        card = card_of(module)
-        templated = card.templated(module)
+        facts = facts_of(module)
+        templated = facts.templated(module)
         self.encoders: list[EncoderInput] = []
         for comp in module.components("encoder"):
             spec = comp.attrs.get("tokenizer")
             if spec is None:
                 continue
-            fmt = (lambda p, t=comp.name in templated: card.prompt_text(p, t))
+            fmt = (lambda p, t=comp.name in templated: facts.prompt_text(p, t))
             self.encoders.append(EncoderInput(comp.name, Path(host_dir) / spec["subfolder"],
                                               int(spec["max_length"]), fmt))
         self._tokenizers = {e.name: _counting_tokenizer(tokenizer_json(e.tokenizer_dir))

@@ -32,7 +32,8 @@ from difflet.codegen.manifest import Manifest
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Module
 from difflet.runtime.media import encode_output
-from difflet.runtime.schedule import GenerateParams, HostEnv, check_schedule, run_schedule
+from difflet.runtime.host.env import GenerateParams, HostEnv
+from difflet.runtime.schedule import check_schedule, run_schedule
 from difflet.runtime.validate import resolve_request
 from difflet.stepcache.plan import OFF, CachePlan, PlanResolver, StepHooks
 

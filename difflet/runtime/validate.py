@@ -15,7 +15,7 @@ import uuid
 from typing import Any, Mapping, Sequence
 
 from difflet.errors import DiffletError
-from difflet.runtime.schedule import GenerateParams
+from difflet.runtime.host.env import GenerateParams
 
 MAX_STEPS = 1000
 MAX_SEED = 2**63 - 1

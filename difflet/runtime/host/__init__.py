@@ -3,12 +3,12 @@
 Invariants:
 - A step is `fn(env: HostEnv, step: Node, state: RequestState) -> None`; it reads and writes
   only `state` (fresh per request) and calls compiled programs through `env.invoke`.
-- Names are `<family>.<step>` (e.g. `flux.denoise`), exactly as the IR's `step` nodes spell them.
+- Names are `<family>.<step>`, exactly as the IR's `step` nodes spell them; a family's steps
+  live in difflet/families/<family>/host.py, found through the family registry.
 - Each step declares the timing phase it counts toward (`encode`, `denoise`, `decode`).
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -23,10 +23,6 @@ class HostStep:
 
 
 _REGISTRY: dict[str, HostStep] = {}
-
-# family name -> module that registers its steps on import
-FAMILY_MODULES = {family: f"difflet.runtime.host.{family}"
-                  for family in ("flux", "qwen_image", "wan", "hunyuan_video", "ltx2")}
 
 
 def host_step(name: str, phase: str) -> Callable[[Callable], Callable]:
@@ -43,34 +39,11 @@ def host_step(name: str, phase: str) -> Callable[[Callable], Callable]:
     return register
 
 
-def load_family(family: str) -> None:
-    """Import the module holding `family`'s steps (registration happens on import)."""
-    from difflet.errors import DiffletError
-
-    module = FAMILY_MODULES.get(family)
-    if module is None:
-        raise DiffletError(f"no host steps for model family {family!r} "
-                           f"(known: {', '.join(sorted(FAMILY_MODULES))})", where="family")
-    try:
-        importlib.import_module(module)
-    except ModuleNotFoundError as err:
-        if err.name != module:
-            raise
-        raise DiffletError(f"model family {family!r} has no host steps yet ({module} is missing)",
-                           where="family") from None
-
-
-def get_step(name: str) -> HostStep:
-    from difflet.errors import DiffletError
-
-    family = name.split(".", 1)[0]
-    if family in FAMILY_MODULES:
-        load_family(family)
-    if name not in _REGISTRY:
-        raise DiffletError(f"the schedule names host step {name!r}, which is not registered "
-                           f"(registered: {', '.join(sorted(_REGISTRY)) or 'none'})", where="schedule")
-    return _REGISTRY[name]
+def registry() -> dict[str, HostStep]:
+    """Every step registered so far (read-only by convention), by name."""
+    return _REGISTRY
 
 
 def registered() -> list[str]:
+    """The names of every step registered so far, sorted."""
     return sorted(_REGISTRY)

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 import torch
 
 from difflet.ir.nodes import Node, Op
-from difflet.runtime.schedule import HostEnv
+from difflet.runtime.host.env import HostEnv
 
 PREFIX = "uncond_"  # passes/cfg_branch.py's twin prefix (the IR names are the contract)
 

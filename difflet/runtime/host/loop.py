@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 
 from difflet.errors import DiffletError
-from difflet.runtime.schedule import HostEnv, RequestState
+from difflet.runtime.host.env import HostEnv, RequestState
 from difflet.stepcache.plan import OFF, StepHooks
 
 

@@ -17,7 +17,7 @@ import ssl
 import threading
 from http.server import ThreadingHTTPServer
 
-from difflet.runtime.cards import card_of, guidance_mode
+from difflet.families import facts_of, guidance_mode
 from difflet.runtime.http.content import ContentStore
 from difflet.runtime.http.routes import Handler
 from difflet.runtime.http.videos import VideoJobs
@@ -41,7 +41,7 @@ class HttpApi:
         self.model_id = info.module.name
         self.family = str(info.module.attrs.get("family", ""))
         self.frames = int(profile.get("frames", 0))
-        self.fps = card_of(info.module).fps(info.module) if self.frames else 0.0
+        self.fps = facts_of(info.module).fps(info.module) if self.frames else 0.0
         self.guidance_kind = guidance_mode(info.module)
         self.content = ContentStore(content_retention_s, content_max_bytes)
         self.videos = VideoJobs(dispatcher, self.content, content_retention_s)

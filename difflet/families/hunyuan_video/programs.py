@@ -14,7 +14,7 @@ Invariants:
   itself, so the visual stream is sharded inside the model (transformer_blocks.0's input, the
   rope tables, proj_out's output) after the joint key mask is built over the full [V, T]; under
   SP the refined text is token-sharded where it enters transformer_blocks.0. The token refiner
-  (context_embedder) stays replicated. The split attention is family/hunyuan_video_attention.py's.
+  (context_embedder) stays replicated. The split attention is hunyuan_video/attention.py's.
 - The Llama program returns hidden_states[-(SKIP_LAYERS + 1)] (the pipeline's num_hidden_layers_to_skip
   = 2) of an unmasked causal run over right-padded ids: causal attention and positions
   0..L-1 make every valid row independent of the padding after it.
@@ -23,15 +23,14 @@ from __future__ import annotations
 
 import torch
 
-from difflet.codegen.attention import joint_bounded_attention
-from difflet.codegen.family.decl import ClassDecl, ProbeDecl, SplitDecl
-from difflet.codegen.family.hunyuan_video_joint import joint_out, joint_qkv, mask_valid_text
-from difflet.codegen.family.probe_feature import FeatureProbe
-from difflet.codegen.family.text_masks import causal_masks
+from difflet.codegen.joint_ops import joint_bounded_attention
+from difflet.codegen.decl import ClassDecl, ProbeDecl, SplitDecl
+from difflet.families.hunyuan_video.joint import joint_out, joint_qkv, mask_valid_text
+from difflet.codegen.probe_feature import FeatureProbe
+from difflet.codegen.text_masks import causal_masks
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op, RuntimeType
 
-PIPELINE_CLASS = "HunyuanVideoPipeline"
 INDEX_EXTRAS: dict = {}  # HunyuanVideoPipeline has no optional components
 
 SKIP_LAYERS = 2  # HunyuanVideoPipeline._get_llama_prompt_embeds(num_hidden_layers_to_skip=2)
@@ -106,7 +105,7 @@ class LlamaHiddenStatesProgram(torch.nn.Module):
 
 def _llama_program(model: torch.nn.Module, node: Node) -> torch.nn.Module:
     """The hidden-states program when the IR selects `hidden_states`, else the generic one."""
-    from difflet.codegen.build import ProgramModule
+    from difflet.codegen.program_module import ProgramModule
 
     selects = [n.attrs.get("select") for n in node.find(Op.OUTPUT)]
     if selects == ["hidden_states"]:
@@ -130,7 +129,7 @@ class HunyuanVideoProbe(FeatureProbe):
 
 def _split_processor(*args):
     # imported when a split is built: it pulls in torch.distributed, which unsplit programs never need
-    from difflet.codegen.family.hunyuan_video_attention import HunyuanVideoSplitAttnProcessor
+    from difflet.families.hunyuan_video.attention import HunyuanVideoSplitAttnProcessor
 
     return HunyuanVideoSplitAttnProcessor(*args)
 

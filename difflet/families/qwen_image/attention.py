@@ -1,4 +1,4 @@
-"""Qwen-Image attention (private to family/qwen_image.py): diffusers'
+"""Qwen-Image attention (private to qwen_image/programs.py): diffusers'
 QwenDoubleStreamAttnProcessor2_0 math, Difflet's attention op.
 
 Invariants:
@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from difflet.codegen.attention import joint_bounded_attention, split_joint_attention
+from difflet.codegen.joint_ops import joint_bounded_attention, split_joint_attention
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
 from difflet.parallel import comm

@@ -18,29 +18,20 @@ import torch
 
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
-from difflet.runtime.cards.hunyuan_video import CARD, DEFAULT_FPS, PROMPT_TEMPLATE
+from difflet.families.hunyuan_video.facts import DEFAULT_FPS, FACTS, PROMPT_TEMPLATE
 from difflet.runtime.host import host_step
-from difflet.runtime.host.flux import class_config_value, make_scheduler
 from difflet.runtime.host.loop import cached_loop
+from difflet.runtime.host.toolkit import (class_config_value, guidance, input_shape, io_shape, make_scheduler,
+                                          schedule_step)
 from difflet.runtime.invoke import torch_dtype
-from difflet.runtime.schedule import HostEnv, RequestState
+from difflet.runtime.host.env import HostEnv, RequestState
 
 DEFAULT_NEGATIVE = ""  # true CFG only; the pipeline has no default negative prompt
 
 
-def _shape(component: Node, io: Op, index: int = 0) -> tuple[int, ...]:
-    return tuple(component.find(io)[index].results[0].type.shape)
-
-
-def _input_shape(component: Node, name: str) -> tuple[int, ...]:
-    for node in component.find(Op.INPUT, name):
-        return tuple(node.results[0].type.shape)
-    raise DiffletError(f"component {component.name!r} has no input {name!r}", where=component.loc)
-
-
 def llama_embeds(env: HostEnv, llama: Node, text_len: int, prompt: str) -> tuple[torch.Tensor, int]:
     """(prompt embeds [1, text_len, H] after the template crop, valid text count)."""
-    length = _shape(llama, Op.INPUT)[1]
+    length = io_shape(llama, Op.INPUT)[1]
     crop = length - text_len
     if crop < 0:
         raise DiffletError(f"encoder {llama.name!r} takes {length} tokens, fewer than the "
@@ -65,19 +56,15 @@ def llama_embeds(env: HostEnv, llama: Node, text_len: int, prompt: str) -> tuple
 
 def clip_pooled(env: HostEnv, clip: Node, prompt: str) -> torch.Tensor:
     """CLIP pooler_output [1, D] of the prompt padded/truncated to the program's length."""
-    length = _shape(clip, Op.INPUT)[1]
+    length = io_shape(clip, Op.INPUT)[1]
     ids = env.tokenizer(clip)[0]([prompt], padding="max_length", max_length=length,
                                 truncation=True, return_tensors="pt").input_ids
     return next(iter(env.invoke(clip.name, input_ids=ids).values()))
 
 
-def _guidance_mode(env: HostEnv) -> dict:
-    for sched in env.module.find(Op.SCHEDULE):
-        for step in sched.body:
-            if step.name == "hunyuan_video.denoise":
-                spec = step.attrs.get("guidance")
-                return spec.to_python() if spec is not None else {"mode": CARD.default_guidance}
-    return {"mode": CARD.default_guidance}
+def _guidance(env: HostEnv) -> dict:
+    """The denoise step's guidance spec (the encode step reads it too: true CFG encodes the negative)."""
+    return guidance(schedule_step(env.module, "hunyuan_video.denoise"), FACTS, ("embedded", "true_cfg"))
 
 
 @host_step("hunyuan_video.encode_prompt", phase="encode")
@@ -86,9 +73,9 @@ def encode_prompt(env: HostEnv, step: Node, state: RequestState) -> None:
     if len(step.args) != 2:
         raise DiffletError("hunyuan_video.encode_prompt takes (llama, clip)", where=step.loc)
     llama, clip = (env.component(name) for name in step.args)
-    text_len = _input_shape(env.module.components("denoiser")[0], "encoder_hidden_states")[1]
+    text_len = input_shape(env.module.components("denoiser")[0], "encoder_hidden_states")[1]
     prompts = {"cond": state.params.prompt}
-    if _guidance_mode(env)["mode"] == "true_cfg":
+    if _guidance(env)["mode"] == "true_cfg":
         negative = state.params.negative_prompt
         prompts["uncond"] = DEFAULT_NEGATIVE if negative is None else negative
     for branch, prompt in prompts.items():
@@ -102,7 +89,7 @@ def prepare_latents(env: HostEnv, step: Node, state: RequestState) -> None:
     """Seeded float32 noise [1, C, latent frames, h, w] from a CPU generator (the reference draw)."""
     from diffusers.utils.torch_utils import randn_tensor
 
-    shape = _input_shape(env.module.components("denoiser")[0], "hidden_states")
+    shape = input_shape(env.module.components("denoiser")[0], "hidden_states")
     generator = torch.Generator("cpu").manual_seed(state.params.seed)
     state.values["latents"] = randn_tensor(shape, generator=generator, device=torch.device("cpu"),
                                            dtype=torch.float32)
@@ -126,11 +113,8 @@ def denoiser_inputs(state: RequestState, branch: str, latents: torch.Tensor, t: 
 def denoise(env: HostEnv, step: Node, state: RequestState) -> None:
     """Flow-matching Euler loop with embedded guidance; true CFG combines two calls per step."""
     (transformer,) = step.args
-    spec = _guidance_mode(env)
+    spec = _guidance(env)
     mode = spec["mode"]
-    if mode not in ("embedded", "true_cfg"):
-        raise DiffletError(f"hunyuan_video.denoise supports guidance modes 'embedded' and "
-                           f"'true_cfg', not {mode!r}", where=step.loc)
     names = {n.name for n in env.component(transformer).find(Op.INPUT)}
     if "guidance" not in names:
         raise DiffletError(f"transformer {transformer!r} has no guidance input (HunyuanVideo "
@@ -172,7 +156,7 @@ def decode(env: HostEnv, step: Node, state: RequestState) -> None:
     latents = state.values["latents"].to(torch_dtype(z.results[0].type.dtype)) / scaling
     video = next(iter(env.invoke(vae_name, **{z.name: latents}).values()))
     state.values["decoded"] = video
-    spatial = _shape(vae, Op.OUTPUT)[-2] // _shape(vae, Op.INPUT)[-2]
+    spatial = io_shape(vae, Op.OUTPUT)[-2] // io_shape(vae, Op.INPUT)[-2]
     frames = VideoProcessor(vae_scale_factor=spatial).postprocess_video(video, output_type="np")
     state.video = (frames[0] * 255).round().astype("uint8")
     state.fps = float(step.attrs.get("fps", DEFAULT_FPS))

@@ -21,35 +21,27 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from difflet.codegen.family.qwen_image import PROMPT_TEMPLATE
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
-from difflet.runtime.cards.qwen_image import CARD
+from difflet.families.qwen_image.facts import FACTS, PROMPT_TEMPLATE
 from difflet.runtime.host import host_step
 from difflet.runtime.host.cfg import predict_branches
-from difflet.runtime.host.flux import (_input_shape, calculate_shift, class_config_value,
-                                       latent_geometry, make_scheduler, pack_latents)
 from difflet.runtime.host.loop import cached_loop
-from difflet.runtime.schedule import HostEnv, RequestState, schedule_steps
+from difflet.runtime.host.toolkit import (calculate_shift, class_config_value, guidance, input_shape,
+                                          make_scheduler, pack_latents, packed_latent_geometry, schedule_step)
+from difflet.runtime.host.env import HostEnv, RequestState
 
 DEFAULT_NEGATIVE_PROMPT = " "  # the official Qwen-Image example's negative prompt
 
 
-def true_cfg(env: HostEnv, guidance: float) -> bool:
+def true_cfg(env: HostEnv, scale: float) -> bool:
     """Whether a request runs true CFG: the pipeline's `true_cfg_scale > 1 and negative prompt`
     (Difflet always has a negative prompt) under the denoise step's "true_cfg" mode."""
-    for step in schedule_steps(env.module):
-        if step.name == "qwen_image.denoise":
-            return guidance_mode(step) == "true_cfg" and guidance > 1
-    return False
+    return guidance_mode(schedule_step(env.module, "qwen_image.denoise")) == "true_cfg" and scale > 1
 
 
 def guidance_mode(step: Node) -> str:
-    mode = (step.attrs.get("guidance") or {"mode": CARD.default_guidance})["mode"]
-    if mode not in ("true_cfg", "none"):
-        raise DiffletError(f"qwen_image.denoise supports guidance modes 'true_cfg' and 'none', not {mode!r}",
-                           where="guidance")
-    return mode
+    return guidance(step, FACTS, ("true_cfg", "none"))["mode"]
 
 
 def encode_text(env: HostEnv, encoder: Node, text_len: int, prompt: str) -> tuple[torch.Tensor, int]:
@@ -59,7 +51,7 @@ def encode_text(env: HostEnv, encoder: Node, text_len: int, prompt: str) -> tupl
                            "(34 for Qwen-Image)", where="template")
     drop = int(env.profile["template"])
     tokenizer, max_length = env.tokenizer(encoder)
-    static = _input_shape(encoder, "input_ids")[1]
+    static = input_shape(encoder, "input_ids")[1]
     if not max_length == static == text_len + drop:
         raise DiffletError(f"text encoder {encoder.name!r} takes {static} tokens (tokenizer max_length "
                            f"{max_length}), but the denoiser's text length + template is {text_len} + "
@@ -80,7 +72,7 @@ def encode_prompt(env: HostEnv, step: Node, state: RequestState) -> None:
     """Prompt (and, under true CFG, negative prompt) embeddings and valid lengths."""
     (encoder,) = (env.component(name) for name in step.args)
     denoiser = env.module.components("denoiser")[0]
-    text_len = _input_shape(denoiser, "encoder_hidden_states")[1]
+    text_len = input_shape(denoiser, "encoder_hidden_states")[1]
     params = state.params
     cfg = true_cfg(env, params.guidance)  # first: a bad guidance mode fails before any program runs
     state.values["cond"] = encode_text(env, encoder, text_len, params.prompt)
@@ -95,7 +87,7 @@ def prepare_latents(env: HostEnv, step: Node, state: RequestState) -> None:
     from diffusers.utils.torch_utils import randn_tensor
 
     params = state.params
-    channels, height, width = latent_geometry(env, params.height, params.width)
+    channels, height, width = packed_latent_geometry(env.module, env.profile, params.height, params.width)
     denoiser = env.module.components("denoiser")[0]
     (hidden,) = (n.results[0].type for n in denoiser.find(Op.INPUT, "hidden_states"))
     generator = torch.Generator("cpu").manual_seed(params.seed)
@@ -163,7 +155,7 @@ def decode(env: HostEnv, step: Node, state: RequestState) -> None:
 
     (vae_name,) = step.args
     vae = env.component(vae_name)
-    channels, height, width = latent_geometry(env, state.params.height, state.params.width)
+    channels, height, width = packed_latent_geometry(env.module, env.profile, state.params.height, state.params.width)
     latents = state.values["latents"]
     latents = latents.view(1, height // 2, width // 2, channels, 2, 2).permute(0, 3, 1, 4, 2, 5)
     z_name = vae.find(Op.INPUT)[0].name

@@ -12,40 +12,17 @@ Invariants:
 """
 from __future__ import annotations
 
-import importlib
-import inspect
-
 import numpy as np
 import torch
 
 from difflet.errors import DiffletError
+from difflet.families.flux.facts import FACTS
 from difflet.ir.nodes import Node, Op
-from difflet.runtime.cards.flux import CARD
 from difflet.runtime.host import host_step
 from difflet.runtime.host.loop import cached_loop
-from difflet.runtime.schedule import HostEnv, RequestState
-
-
-# ---- small pure helpers (copied semantics from pipeline_flux.py)
-
-def calculate_shift(image_seq_len: int, base_seq_len: int = 256, max_seq_len: int = 4096,
-                    base_shift: float = 0.5, max_shift: float = 1.15) -> float:
-    m = (max_shift - base_shift) / (max_seq_len - base_seq_len)
-    return image_seq_len * m + (base_shift - m * base_seq_len)
-
-
-def pack_latents(latents: torch.Tensor) -> torch.Tensor:
-    """[B, C, H, W] -> [B, (H/2)(W/2), 4C]: 2x2 patches become tokens."""
-    b, c, h, w = latents.shape
-    latents = latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)
-    return latents.reshape(b, (h // 2) * (w // 2), c * 4)
-
-
-def unpack_latents(latents: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """Inverse of `pack_latents` for latent height/width (already divided by vae_scale_factor)."""
-    b, _, channels = latents.shape
-    latents = latents.view(b, height // 2, width // 2, channels // 4, 2, 2).permute(0, 3, 1, 4, 2, 5)
-    return latents.reshape(b, channels // 4, height, width)
+from difflet.runtime.host.toolkit import (calculate_shift, class_config_value, guidance, make_scheduler,
+                                          pack_latents, packed_latent_geometry, unpack_latents)
+from difflet.runtime.host.env import HostEnv, RequestState
 
 
 def latent_image_ids(height: int, width: int) -> torch.Tensor:
@@ -56,40 +33,6 @@ def latent_image_ids(height: int, width: int) -> torch.Tensor:
     return ids.reshape(height * width, 3)
 
 
-def _input_shape(component: Node, name: str) -> tuple[int, ...]:
-    for node in component.find(Op.INPUT, name):
-        return tuple(node.results[0].type.shape)
-    raise DiffletError(f"component {component.name!r} has no input {name!r}", where=component.loc)
-
-
-def latent_geometry(env: HostEnv, height: int, width: int) -> tuple[int, int, int]:
-    """(latent channels, latent height, latent width), as FluxPipeline.prepare_latents computes
-    (QwenImagePipeline too: its VAE input adds a frame axis, so height is read as axis -2)."""
-    vae = env.module.components("decoder")[0]
-    z_shape = _input_shape(vae, vae.find(Op.INPUT)[0].name)
-    vae_scale_factor = int(env.profile["height"]) // z_shape[-2]
-    denoiser = env.module.components("denoiser")[0]
-    channels = _input_shape(denoiser, "hidden_states")[-1] // 4
-    return (channels, 2 * (int(height) // (vae_scale_factor * 2)),
-            2 * (int(width) // (vae_scale_factor * 2)))
-
-
-def _resolve_class(qualified: str):
-    module, _, name = qualified.rpartition(".")
-    return getattr(importlib.import_module(module or "diffusers"), name)
-
-
-def class_config_value(component: Node, key: str):
-    """A config value of a component: the IR's inline config, else the class's default."""
-    config = component.attrs.get("config")
-    if config is not None and key in config:
-        return config[key]
-    cls = _resolve_class(component.attrs["class"])
-    param = inspect.signature(cls.__init__).parameters.get(key)
-    if param is None or param.default is inspect.Parameter.empty:
-        raise DiffletError(f"component {component.name!r}: config has no {key!r} and "
-                           f"{cls.__name__} has no default for it", where=component.loc)
-    return param.default
 
 
 # ---- the four steps
@@ -123,19 +66,12 @@ def prepare_latents(env: HostEnv, step: Node, state: RequestState) -> None:
     from diffusers.utils.torch_utils import randn_tensor
 
     params = state.params
-    channels, height, width = latent_geometry(env, params.height, params.width)
+    channels, height, width = packed_latent_geometry(env.module, env.profile, params.height, params.width)
     generator = torch.Generator("cpu").manual_seed(params.seed)
     noise = randn_tensor((1, channels, height, width), generator=generator,
                          device=torch.device("cpu"), dtype=torch.float32)
     state.values["latents"] = pack_latents(noise)
     state.values["img_ids"] = latent_image_ids(height // 2, width // 2)
-
-
-def make_scheduler(step: Node):
-    """A fresh scheduler instance for one request, from the step's static attrs."""
-    spec = step.attrs["scheduler"]
-    cls = _resolve_class(spec["class"])
-    return cls.from_config(spec["config"].to_python())
 
 
 def timesteps_for(scheduler, num_steps: int, image_seq_len: int) -> torch.Tensor:
@@ -184,11 +120,7 @@ def denoise(env: HostEnv, step: Node, state: RequestState) -> None:
     passes guidance=None, so the program has no `guidance` input and none is passed.
     """
     (transformer,) = step.args
-    guidance_mode = step.attrs.get("guidance", None)
-    mode = guidance_mode["mode"] if guidance_mode is not None else CARD.default_guidance
-    if mode not in ("embedded", "none"):
-        raise DiffletError(f"flux.denoise supports guidance modes 'embedded' and 'none', not "
-                           f"{mode!r}", where=step.loc)
+    mode = guidance(step, FACTS, ("embedded", "none"))["mode"]
     names = {n.name for n in env.component(transformer).find(Op.INPUT)}
     if (mode == "none") == ("guidance" in names):  # a mismatch would silently drop or invent it
         raise DiffletError(f"guidance mode {mode!r} but transformer {transformer!r} "
@@ -217,7 +149,7 @@ def decode(env: HostEnv, step: Node, state: RequestState) -> None:
 
     (vae_name,) = step.args
     vae = env.component(vae_name)
-    _, height, width = latent_geometry(env, state.params.height, state.params.width)
+    _, height, width = packed_latent_geometry(env.module, env.profile, state.params.height, state.params.width)
     latents = unpack_latents(state.values["latents"], height, width)
     scaling, shift = (class_config_value(vae, k) for k in ("scaling_factor", "shift_factor"))
     if scaling is None or shift is None:  # FluxPipeline would fail on None too

@@ -1,5 +1,5 @@
 """HunyuanVideoAttnProcessor2_0's math around the attention call, shared by Difflet's world-1
-(family/hunyuan_video.py) and split (family/hunyuan_video_attention.py) processors.
+(hunyuan_video/programs.py) and split (hunyuan_video/attention.py) processors.
 
 Invariants:
 - Projections, per-head q/k RMS norms, RoPE on the visual rows, the added (text) projections and

@@ -1,4 +1,4 @@
-"""LTX-2 split attention (private to family/ltx2.py): diffusers' LTX2AudioVideoAttnProcessor math
+"""LTX-2 split attention (private to ltx2/programs.py): diffusers' LTX2AudioVideoAttnProcessor math
 on one rank of a split layout.
 
 Invariants:
@@ -19,7 +19,7 @@ Invariants:
   (video_to_audio_attn: audio queries over video keys) is `gather_kv`, every video key and value
   (at the audio width) gathered for the replicated audio queries; every other site has replicated keys (text, audio) and is
   `local`: this rank's queries against every key, the SDPA call diffusers' native backend makes.
-- No mask: the connectors' registers replace the text padding (family/ltx2.py), so LTX-2.0's
+- No mask: the connectors' registers replace the text padding (ltx2/programs.py), so LTX-2.0's
   attention has no mask and no gated heads; either is refused, as is interleaved RoPE (its
   tables are not cut per head here).
 """

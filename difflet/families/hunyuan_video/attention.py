@@ -1,4 +1,4 @@
-"""HunyuanVideo split attention (private to family/hunyuan_video.py): diffusers'
+"""HunyuanVideo split attention (private to hunyuan_video/programs.py): diffusers'
 HunyuanVideoAttnProcessor2_0 math on one rank of a split layout, at both joint sites.
 
 Invariants:
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from difflet.codegen.attention import split_joint_attention
-from difflet.codegen.family.hunyuan_video_joint import joint_out, joint_qkv, mask_valid_text
+from difflet.codegen.joint_ops import split_joint_attention
+from difflet.families.hunyuan_video.joint import joint_out, joint_qkv, mask_valid_text
 from difflet.errors import DiffletError
 
 

@@ -19,25 +19,23 @@ Invariants:
   weights, so it runs inside the decoder programs, never on the host.
 - Split LTX2VideoTransformer3DModel (TransformerProgram's calling convention on every rank): CP
   shards the video stream only; audio and both texts stay replicated over cp (why, from the real
-  sizes, and the attention each site runs: family/ltx2_attention.py). Every block linear of both
+  sizes, and the attention each site runs: ltx2/attention.py). Every block linear of both
   streams is TP-split by heads; with SP every stream is token-sharded over tp.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-import math
 
 import torch
-from torch.overrides import TorchFunctionMode
 
-from difflet.codegen.family.decl import ClassDecl, ProbeDecl, SplitDecl
-from difflet.codegen.family.probe_feature import FeatureProbe
-from difflet.codegen.family.text_masks import causal_masks
+from difflet.codegen.decl import ClassDecl, ProbeDecl, SplitDecl
+from difflet.codegen.probe_feature import FeatureProbe
+from difflet.codegen.text_masks import causal_masks
 from difflet.errors import DiffletError
+from difflet.families.ltx2.rope import FP32_ROPE  # noqa: F401 -- codegen/rope.py reads it here
 from difflet.ir.nodes import Node, Op
 
-PIPELINE_CLASS = "LTX2Pipeline"
 # Optional components absent; classes living in diffusers.pipelines.ltx2 are indexed by that
 # module name, as the real checkpoint's model_index.json does (diffusers cannot import them flat).
 INDEX_EXTRAS = {"processor": [None, None], "prompt_enhancer": [None, None],
@@ -197,61 +195,10 @@ class VocoderProgram(torch.nn.Module):
         return (self.model(mel),)
 
 
-class _HostPow(TorchFunctionMode):
-    """Inside one LTX-2 RoPE forward, diffusers computes `freqs = (theta ** grid * pi / 2.0)` in
-    float64; here `torch.pow(theta, grid)` returns a float32 stand-in and the following `* pi`
-    returns the host's float64 result times two (exact in float32), so after diffusers' own
-    `/ 2.0` the frequencies are bit-identical to diffusers' float64 path."""
-
-    def __init__(self, module: torch.nn.Module) -> None:
-        super().__init__()
-        self.module, self.pending = module, None
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        m = self.module
-        if func is torch.pow and len(args) == 2 and isinstance(args[0], (int, float)) and args[0] == m.theta \
-                and isinstance(args[1], torch.Tensor) and args[1].dim() == 1:
-            n = args[1].shape[0]
-            if hasattr(m, f"difflet_freqs2_{n}"):
-                self.pending = (getattr(m, f"difflet_pow{n}").to(args[1].device), n)
-                return self.pending[0]
-        if func in (torch.Tensor.__mul__, torch.Tensor.mul, torch.mul) and self.pending is not None \
-                and len(args) == 2 and args[0] is self.pending[0] and args[1] == math.pi:
-            n, self.pending = self.pending[1], None
-            return getattr(m, f"difflet_freqs2_{n}").to(args[0].device)
-        return func(*args, **(kwargs or {}))
-
-
-def fp32_ltx2_rope(module: torch.nn.Module) -> bool:
-    """Give an LTX-2 RoPE module diffusers' float64 frequencies without float64 ops (module
-    docstring); False when it already runs without them."""
-    if not module.double_precision:
-        return False
-    for elems in (2, 6):  # 1-D (audio, cross-attention, connectors) and 3-D (video) position grids
-        n = module.dim // elems
-        powers = float(module.theta) ** torch.linspace(0.0, 1.0, n, dtype=torch.float64)
-        module.register_buffer(f"difflet_pow{n}", powers.to(torch.float32), persistent=False)
-        # diffusers' float64 frequencies, doubled (exact) so its own `/ 2.0` gives them back
-        freqs = (powers * math.pi / 2.0).to(torch.float32)
-        module.register_buffer(f"difflet_freqs2_{n}", freqs * 2, persistent=False)
-    module.double_precision = False
-    original = module.forward
-
-    def forward(*args, **kwargs):
-        with _HostPow(module):
-            return original(*args, **kwargs)
-
-    module.forward = forward
-    return True
-
-
-FP32_ROPE = {"LTX2AudioVideoRotaryPosEmbed": fp32_ltx2_rope, "LTX2RotaryPosEmbed1d": fp32_ltx2_rope}
-
-
 def build_random(comp: Node, config: dict):
     """A random VAE with random latents_mean/std (the class inits them to 0/1, which would hide a
     missing or wrong denormalization)."""
-    from difflet.codegen.checkpoint import resolve_class
+    from difflet.frontend.classes import resolve_class
 
     model = resolve_class(comp.attrs["class"]).from_config(config)
     with torch.no_grad():
@@ -263,31 +210,25 @@ def build_random(comp: Node, config: dict):
 def write_tokenizer(comp: Node, config: dict, tokenizer_attrs, dest: Path) -> bool:
     """A tiny word-level tokenizer with Gemma's layout (<bos> prepended, no eos, pad 0); the
     pipeline switches padding to the left itself."""
-    from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
-    from tokenizers.models import WordLevel
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import processors
 
-    from difflet.codegen.checkpoint import CAPTION_WORDS
+    from difflet.codegen.tiny_tokenizers import CAPTION_WORDS, save_word_level
 
     text = config.get("text_config", config)
     vocab = dict(_SPECIAL)
     for word in CAPTION_WORDS:
         vocab.setdefault(word, len(vocab))
     vocab.update({f"tok{i}": i for i in range(len(vocab), int(text["vocab_size"]))})
-    tok = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
-    tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 2)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=int(tokenizer_attrs["max_length"]),
-                                   pad_token="<pad>", eos_token="<eos>", bos_token="<bos>",
-                                   unk_token="<unk>", padding_side="left")
-    fast.save_pretrained(str(dest))
+    post = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 2)])
+    save_word_level(vocab, dest, unk="<unk>", post_processor=post,
+                    model_max_length=int(tokenizer_attrs["max_length"]), pad_token="<pad>",
+                    eos_token="<eos>", bos_token="<bos>", padding_side="left")
     return True
 
 
 def _ltx2_split_processor(*args):
     # imported when a split is built: it pulls in torch.distributed, which unsplit programs never need
-    from difflet.codegen.family.ltx2_attention import LTX2SplitAttnProcessor
+    from difflet.families.ltx2.attention import LTX2SplitAttnProcessor
 
     return LTX2SplitAttnProcessor(*args)
 

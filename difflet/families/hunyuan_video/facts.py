@@ -1,8 +1,11 @@
-"""HunyuanVideo's card: the Llama reads the prompt inside the pipeline's template (the CLIP reads
+"""HunyuanVideo's facts: the Llama reads the prompt inside the pipeline's template (the CLIP reads
 it bare); embedded guidance unless a step says true_cfg; the fps `hunyuan_video.decode` declares."""
 from __future__ import annotations
 
-from difflet.runtime.cards import FamilyCard, find_step, step_attr
+from difflet.families.facts import FamilyFacts, find_step, step_attr
+from difflet.families.split_globs import dual_single_stream
+
+DENOISER = "diffusers.HunyuanVideoTransformer3DModel"
 
 DEFAULT_FPS = 15.0  # the model card's export_to_video(..., fps=15)
 # HunyuanVideoPipeline's DEFAULT_PROMPT_TEMPLATE["template"] (diffusers imports torch; the test
@@ -26,5 +29,10 @@ def fps(module) -> float:
     return float(step_attr(module, "hunyuan_video.decode", "fps", DEFAULT_FPS))
 
 
-CARD = FamilyCard(prompt_text=lambda prompt, templated: PROMPT_TEMPLATE.format(prompt) if templated else prompt,
-                  templated=_llama, fps=fps)
+FACTS = FamilyFacts(
+    prompt_text=lambda prompt, templated: PROMPT_TEMPLATE.format(prompt) if templated else prompt,
+    templated=_llama, fps=fps, default_guidance="embedded",
+    rules={DENOISER: dict(dual_single_stream(),
+                          probe=("x_embedder", "time_text_embed", "transformer_blocks.0.norm1"))},
+    split_built=(DENOISER,), probe_built=(DENOISER,),
+)

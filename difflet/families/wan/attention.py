@@ -1,4 +1,4 @@
-"""Wan 2.1 split attention (private to family/wan.py): diffusers' WanAttnProcessor math on one
+"""Wan 2.1 split attention (private to wan/programs.py): diffusers' WanAttnProcessor math on one
 rank of a split layout.
 
 Invariants:

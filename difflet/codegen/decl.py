@@ -1,12 +1,13 @@
-"""What a family module declares about one diffusers/transformers class, as data.
+"""What a family's programs.py declares about one diffusers/transformers class, as data (a leaf:
+generic codegen reads declarations through codegen/declarations.py).
 
 Invariants:
 - Torch-free: a declaration holds names, tuples and callables; the callables import torch
   (and the family's own modules) only when called.
-- A class is declared once, by the family that owns it (`CLASSES` in its module); generic
-  codegen reads declarations and never names a class.
+- A class is declared once, by the family that owns it (`CLASSES` in its programs.py); generic
+  codegen reads them through `declarations.declaration(cls)` and never names a class or a family.
 - Whether codegen *builds* a class's split or probe program is decided on the passes side
-  (difflet/passes/built.py `SPLIT_BUILT`, `PROBE_BUILT`); `split` and `probe` here say only how,
+  (difflet/passes/built.py, from the families' facts); `split` and `probe` here say only how,
   and exist exactly for the classes built.py lists (tests/test_passes_built.py).
 """
 from __future__ import annotations
@@ -91,3 +92,4 @@ class ClassDecl:
 
 
 NONE = ClassDecl()  # an undeclared class: every hook takes the generic path
+

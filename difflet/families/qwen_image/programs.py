@@ -9,7 +9,7 @@ Invariants:
   padding, and text-only position ids are 0..L-1 with or without the mask. The host keeps the
   valid rows; the padding rows are garbage by design and never read.
 - The denoiser program masks text padding from the runtime valid_text inside the program
-  (family/qwen_image_attention.py's processor, declared in CLASSES below), which also installs
+  (qwen_image/attention.py's processor, declared in CLASSES below), which also installs
   its static RoPE tables as real buffers (`install_static_rope`), in world-1 and split programs.
 - The tiny tokenizer splits the chat template into exactly as many tokens as Qwen2Tokenizer
   does (34 before the prompt), so the pipeline's fixed drop index means the same thing.
@@ -20,19 +20,15 @@ from pathlib import Path
 
 import torch
 
-from difflet.codegen.family.decl import ClassDecl, ProbeDecl, SplitDecl
-from difflet.codegen.family.probe_feature import FeatureProbe
-from difflet.codegen.family.qwen_image_attention import QwenBoundedAttnProcessor, QwenSplitAttnProcessor
+from difflet.codegen.decl import ClassDecl, ProbeDecl, SplitDecl
+from difflet.codegen.probe_feature import FeatureProbe
+from difflet.families.qwen_image.attention import QwenBoundedAttnProcessor, QwenSplitAttnProcessor
 from difflet.errors import DiffletError
+from difflet.families.qwen_image.facts import PROMPT_TEMPLATE
 from difflet.ir.nodes import Node, Op
 
-PIPELINE_CLASS = "QwenImagePipeline"
 INDEX_EXTRAS: dict = {}  # QwenImagePipeline has no optional components
 
-# QwenImagePipeline.prompt_template_encode (the host formats prompts with the same string)
-PROMPT_TEMPLATE = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, "
-                   "quantity, text, spatial relationships of the objects and background:<|im_end|>\n"
-                   "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n")
 TEMPLATE_START = 34  # QwenImagePipeline.prompt_template_encode_start_idx
 
 
@@ -76,11 +72,9 @@ class QwenImageProbe(FeatureProbe):
 def write_tokenizer(comp: Node, config: dict, tokenizer_attrs, dest: Path) -> bool:
     """A word-level tokenizer shaped like Qwen2Tokenizer: chat special tokens, newlines as tokens,
     no added bos/eos, right padding with <|endoftext|> (the text config's pad id)."""
-    from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers
-    from tokenizers.models import WordLevel
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Regex, pre_tokenizers
 
-    from difflet.codegen.checkpoint import CAPTION_WORDS
+    from difflet.codegen.tiny_tokenizers import CAPTION_WORDS, save_word_level
 
     text = config.get("text_config", config)
     vocab_size, pad = int(text["vocab_size"]), int(text.get("pad_token_id") or 0)
@@ -96,15 +90,12 @@ def write_tokenizer(comp: Node, config: dict, tokenizer_attrs, dest: Path) -> bo
     vocab.update({f"tok{i}": i for i in ids})
     if None in vocab.values():
         raise DiffletError(f"vocab_size {vocab_size} is too small for the tiny tokenizer", where=comp.loc)
-    tok = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
-    tok.normalizer = normalizers.Lowercase()
     # keep "\n" as a token (Qwen's BPE does): the template is then 34 tokens before the prompt
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"\n|\w+|[^\w\s]+"), behavior="removed", invert=True)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=int(tokenizer_attrs["max_length"]),
-                                   pad_token="<|endoftext|>", eos_token="<|im_end|>", unk_token="<unk>",
-                                   additional_special_tokens=["<|im_start|>", "<|im_end|>"],
-                                   padding_side="right")
-    fast.save_pretrained(str(dest))
+    split = pre_tokenizers.Split(Regex(r"\n|\w+|[^\w\s]+"), behavior="removed", invert=True)
+    save_word_level(vocab, dest, unk="<unk>", pre_tokenizer=split,
+                    model_max_length=int(tokenizer_attrs["max_length"]), pad_token="<|endoftext|>",
+                    eos_token="<|im_end|>", additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+                    padding_side="right")
     return True
 
 

@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import torch
 
-from difflet.codegen.attention import joint_bounded_attention, split_joint_attention
-from difflet.codegen.family.decl import ClassDecl, ProbeDecl, SplitDecl
-from difflet.codegen.family.probe_feature import FeatureProbe
+from difflet.codegen.joint_ops import joint_bounded_attention, split_joint_attention
+from difflet.codegen.decl import ClassDecl, ProbeDecl, SplitDecl
+from difflet.codegen.probe_feature import FeatureProbe
 from difflet.errors import DiffletError
 
-PIPELINE_CLASS = "FluxPipeline"
 # FluxPipeline's optional IP-Adapter components, absent
 INDEX_EXTRAS = {"image_encoder": [None, None], "feature_extractor": [None, None]}
 

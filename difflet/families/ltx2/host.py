@@ -21,12 +21,13 @@ import torch
 
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
-from difflet.runtime.cards.ltx2 import CARD, FRAME_RATE
+from difflet.families.ltx2.facts import FACTS, FRAME_RATE
 from difflet.runtime.host import host_step
 from difflet.runtime.host.cfg import predict_branches
-from difflet.runtime.host.flux import _input_shape, calculate_shift, class_config_value, make_scheduler
 from difflet.runtime.host.loop import cached_loop
-from difflet.runtime.schedule import HostEnv, RequestState
+from difflet.runtime.host.toolkit import (calculate_shift, class_config_value, guidance, input_shape,
+                                          make_scheduler, schedule_step)
+from difflet.runtime.host.env import HostEnv, RequestState
 
 AUDIO_LATENT_DOWNSAMPLE = 4  # AutoencoderKLLTX2Audio's temporal and mel compression (a constant)
 
@@ -35,30 +36,19 @@ def _first_input(component: Node) -> tuple[str, tuple[int, ...]]:
     return component.find(Op.INPUT)[0].name, tuple(component.find(Op.INPUT)[0].results[0].type.shape)
 
 
-def _denoise_step(env: HostEnv) -> Node:
-    for sched in env.module.find(Op.SCHEDULE):
-        for step in sched.body:
-            if step.op == Op.STEP and step.name == "ltx2.denoise":
-                return step
-    raise DiffletError("the schedule has no ltx2.denoise step", where="schedule")
-
-
-def guidance_scales(step: Node, guidance: float) -> dict:
+def guidance_scales(step: Node, scale: float) -> dict:
     """The pipeline's per-stream scales: audio_x = audio_x or x (so 0 falls back to the video value)."""
-    spec = step.attrs.get("guidance")
-    spec = spec.to_python() if spec is not None else {"mode": CARD.default_guidance}
-    if (mode := spec.get("mode")) != "cfg":
-        raise DiffletError(f"ltx2.denoise supports guidance mode 'cfg', not {mode!r}", where=step.loc)
+    spec = guidance(step, FACTS, ("cfg",))
     for key, off in (("stg_scale", 0.0), ("audio_stg_scale", 0.0), ("modality_scale", 1.0),
                      ("audio_modality_scale", 1.0)):
         if float(spec.get(key, off)) != off:  # extra transformer variants, not compiled
             raise DiffletError(f"guidance.{key} = {spec[key]}: STG and modality-isolation guidance "
                                f"are not served (only {off})", where=step.loc)
     rescale = float(spec.get("rescale", 0.7))
-    audio_scale = float(spec.get("audio_scale", 7.0)) or float(guidance)
-    return dict(video=float(guidance), audio=audio_scale, rescale=rescale,
+    audio_scale = float(spec.get("audio_scale", 7.0)) or float(scale)
+    return dict(video=float(scale), audio=audio_scale, rescale=rescale,
                 audio_rescale=float(spec.get("audio_rescale", 0.7)) or rescale,
-                cfg=float(guidance) > 1.0 or audio_scale > 1.0)
+                cfg=float(scale) > 1.0 or audio_scale > 1.0)
 
 
 # ---- encode
@@ -103,7 +93,7 @@ def encode_prompt(env: HostEnv, step: Node, state: RequestState) -> None:
         raise DiffletError("ltx2 serving needs connectors with learnable registers (the transformer "
                            "program takes no text mask)", where=connectors.loc)
     state.values["cond"] = encode_text(env, encoder, connectors, state.params.prompt)
-    scales = guidance_scales(_denoise_step(env), state.params.guidance)
+    scales = guidance_scales(schedule_step(env.module, "ltx2.denoise"), state.params.guidance)
     if scales["cfg"]:
         negative = state.params.negative_prompt or ""
         state.values["uncond"] = encode_text(env, encoder, connectors, negative)
@@ -116,9 +106,9 @@ def geometry(env: HostEnv, frame_rate: float) -> dict:
     vae, audio_vae = (env.component(n) for n in _decoders(env)[:2])
     _, (_, channels, frames, height, width) = _first_input(vae)
     _, (_, a_channels, a_frames, a_mel) = _first_input(audio_vae)
-    transformer = env.component(_denoise_step(env).args[0])
+    transformer = env.component(schedule_step(env.module, "ltx2.denoise").args[0])
     p, pt = class_config_value(transformer, "patch_size"), class_config_value(transformer, "patch_size_t")
-    tokens = _input_shape(transformer, "hidden_states")[1]
+    tokens = input_shape(transformer, "hidden_states")[1]
     if tokens != (frames // pt) * (height // p) * (width // p):
         raise DiffletError(f"transformer hidden_states has {tokens} tokens, the VAE latent "
                            f"{frames}x{height}x{width} packs to "
@@ -140,11 +130,7 @@ def geometry(env: HostEnv, frame_rate: float) -> dict:
 
 
 def _decoders(env: HostEnv) -> list[str]:
-    for sched in env.module.find(Op.SCHEDULE):
-        for step in sched.body:
-            if step.op == Op.STEP and step.name == "ltx2.decode":
-                return list(step.args)
-    raise DiffletError("the schedule has no ltx2.decode step", where="schedule")
+    return list(schedule_step(env.module, "ltx2.decode").args)
 
 
 def pack_video(latents: torch.Tensor, p: int, pt: int) -> torch.Tensor:
@@ -189,7 +175,7 @@ def prepare_latents(env: HostEnv, step: Node, state: RequestState) -> None:
 
     frame_rate = float(step.attrs.get("frame_rate", FRAME_RATE))
     geo = geometry(env, frame_rate)
-    transformer = env.component(_denoise_step(env).args[0])
+    transformer = env.component(schedule_step(env.module, "ltx2.denoise").args[0])
     p, pt = class_config_value(transformer, "patch_size"), class_config_value(transformer, "patch_size_t")
     generator = torch.Generator("cpu").manual_seed(state.params.seed)
     cpu = torch.device("cpu")

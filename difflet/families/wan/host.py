@@ -22,12 +22,12 @@ import torch
 
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
-from difflet.runtime.cards.wan import CARD, FPS, prompt_clean  # shared with admission and the HTTP card
+from difflet.families.wan.facts import FACTS, FPS, prompt_clean  # shared with admission and the HTTP card
 from difflet.runtime.host import host_step
 from difflet.runtime.host.cfg import is_cfg_parallel, predict_branches
-from difflet.runtime.host.flux import class_config_value, make_scheduler
 from difflet.runtime.host.loop import cached_loop
-from difflet.runtime.schedule import HostEnv, RequestState
+from difflet.runtime.host.toolkit import class_config_value, guidance, make_scheduler
+from difflet.runtime.host.env import HostEnv, RequestState
 
 
 def _input_type(component: Node, name: str):
@@ -113,11 +113,7 @@ def predict_noise(env: HostEnv, name: str, state: RequestState, latents: torch.T
 def denoise(env: HostEnv, step: Node, state: RequestState) -> None:
     """The step's scheduler (UniPC flow for Wan 2.1) over `steps` timesteps, true CFG."""
     (name,) = step.args
-    guidance = step.attrs.get("guidance")
-    mode = guidance["mode"] if guidance is not None else CARD.default_guidance
-    if mode != "cfg":
-        raise DiffletError(f"wan.denoise supports guidance mode 'cfg' (true CFG), not {mode!r}",
-                           where=step.loc)
+    guidance(step, FACTS, ("cfg",))
     node = env.component(name)
     extra = [n.name for n in node.find(Op.INPUT)
              if n.name not in ("hidden_states", "timestep", "encoder_hidden_states")

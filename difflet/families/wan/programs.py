@@ -4,7 +4,7 @@ Invariants:
 - The UMT5 program takes padded input_ids and the runtime value `valid_text` (the prompt's token
   count), builds the attention mask from it, and returns last_hidden_state with rows >= valid_text
   zeroed: exactly WanPipeline's `_get_t5_prompt_embeds` (mask, encode, cut, zero-pad) for one prompt.
-- The VAE decodes one latent frame per call, causal caches in and out (codegen.family.wan_vae),
+- The VAE decodes one latent frame per call, causal caches in and out (wan/vae.py),
   when its IR declares them (outputs sample, next_cache0, ...). The transformer needs no hook: it
   attends the zero-padded text unmasked, so its stock attention compiles as is.
 - A wrapper whose IR does not have its inputs (e.g. another family's UMT5) falls back to the
@@ -12,18 +12,17 @@ Invariants:
 - Split WanTransformer3DModel: its IR input is the video latent, which the model patches itself,
   so the visual stream is sharded inside the model where diffusers' own `_cp_plan` shards it
   (blocks.0's input, the rope tables, proj_out's output), and the split attention is
-  family/wan_attention.py's. Text is replicated (with SP: a token shard of the text embedder).
+  wan/attention.py's. Text is replicated (with SP: a token shard of the text embedder).
 """
 from __future__ import annotations
 
 import torch
 
-from difflet.codegen.family.decl import ClassDecl, ProbeDecl, SplitDecl
-from difflet.codegen.family.text_masks import bidirectional_mask
-from difflet.codegen.family.probe_feature import FeatureProbe
+from difflet.codegen.decl import ClassDecl, ProbeDecl, SplitDecl
+from difflet.codegen.text_masks import bidirectional_mask
+from difflet.codegen.probe_feature import FeatureProbe
 from difflet.ir.nodes import Node, Op
 
-PIPELINE_CLASS = "WanPipeline"
 # WanPipeline's optional Wan 2.2 low-noise transformer; absent in Wan 2.1
 INDEX_EXTRAS = {"transformer_2": [None, None]}
 
@@ -50,7 +49,7 @@ class MaskedUMT5Encoder(torch.nn.Module):
 
 
 def wrap_umt5(model: torch.nn.Module, node: Node) -> torch.nn.Module:
-    from difflet.codegen.build import ProgramModule
+    from difflet.codegen.program_module import ProgramModule
 
     if _input_names(node) != ["input_ids", "valid_text"]:
         return ProgramModule(model, node)
@@ -58,8 +57,8 @@ def wrap_umt5(model: torch.nn.Module, node: Node) -> torch.nn.Module:
 
 
 def wrap_vae(model: torch.nn.Module, node: Node) -> torch.nn.Module:
-    from difflet.codegen.build import ProgramModule
-    from difflet.codegen.family.wan_vae import WanChunkDecoder
+    from difflet.codegen.program_module import ProgramModule
+    from difflet.families.wan.vae import WanChunkDecoder
 
     if [o.name for o in node.find(Op.OUTPUT)][1:2] != ["next_cache0"]:
         return ProgramModule(model, node)  # a whole-clip `decode`
@@ -90,7 +89,7 @@ class WanProbe(FeatureProbe):
 
 def _wan_split_processor(*args):
     # imported when a split is built: it pulls in torch.distributed, which unsplit programs never need
-    from difflet.codegen.family.wan_attention import WanSplitAttnProcessor
+    from difflet.families.wan.attention import WanSplitAttnProcessor
 
     return WanSplitAttnProcessor(*args)
 

@@ -1,0 +1,80 @@
+"""What a model family declares torch-free, for the planner and the API process, and the IR
+step queries every family's facts and host steps share.
+
+A family's `difflet.families.<family>.facts` declares `FACTS = FamilyFacts(...)`; its host
+steps (`host.py`) take the same constants from it, so what admission counts, what the HTTP
+model card says and what the planner calls buildable cannot drift from what is served and built.
+
+Invariants:
+- Torch-free (the API process and difflet/passes import it).
+- `rules` holds the family's own denoiser classes' split rules (passes/split_rules.py reads them
+  through the registry); `split_built` / `probe_built` / `spmd_built` name those of its classes
+  whose split / probe / neuron SPMD programs codegen builds (passes/built.py), and exactly those
+  have a `SplitDecl` / `ProbeDecl` in the family's programs.py (tests/test_passes_built.py).
+- The guidance mode is the one a step of the module declares (`guidance: {mode: ...}`), else
+  `default_guidance`; host steps read it through `guidance_spec`, the one parser.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+NEGATIVE_PROMPT_MODES = ("cfg", "true_cfg")  # the modes whose unconditional pass encodes the negative prompt
+
+
+def _as_is(prompt: str, templated: bool) -> str:
+    return prompt
+
+
+def _none(module) -> frozenset[str]:
+    return frozenset()
+
+
+def _no_video(module) -> float:
+    return 0.0
+
+
+@dataclass(frozen=True)
+class FamilyFacts:
+    # the string a host step hands the tokenizer; `templated`: the encoder reads the prompt
+    # inside the pipeline's template (see `templated`)
+    prompt_text: Callable[[str, bool], str] = _as_is
+    templated: Callable[[Any], frozenset[str]] = _none  # module -> encoder names
+    default_guidance: str = "embedded"  # the mode when no step declares one
+    fps: Callable[[Any], float] = _no_video  # module -> frame rate of the served video (0: images)
+    rules: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # class -> split rules
+    split_built: tuple[str, ...] = ()
+    probe_built: tuple[str, ...] = ()
+    spmd_built: tuple[str, ...] = ()
+
+
+def steps(module):
+    """Every host step of the module's schedules, in order."""
+    from difflet.ir.nodes import Op
+
+    for sched in module.find(Op.SCHEDULE):
+        yield from sched.body
+
+
+def find_step(module, name: str):
+    """The first host step called `name` (`<family>.<step>`), or None."""
+    return next((s for s in steps(module) if str(s.name) == name), None)
+
+
+def step_attr(module, name: str, key: str, default):
+    """Attribute `key` of step `name`, or `default` when the step or the attribute is absent."""
+    step = find_step(module, name)
+    value = step.attrs.get(key) if step is not None else None
+    return default if value is None else value
+
+
+def guidance_spec(step, default_mode: str) -> dict:
+    """A step's `guidance` attrs as a dict with `mode` always set (the default mode when the
+    step names none): the one reading every host step and the API process share."""
+    spec = step.attrs.get("guidance") if step is not None else None
+    spec = spec.to_python() if hasattr(spec, "to_python") else dict(spec or {})
+    if not isinstance(spec, dict):
+        spec = {}
+    spec.setdefault("mode", default_mode)
+    spec["mode"] = str(spec["mode"])
+    return spec
