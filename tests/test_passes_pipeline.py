@@ -122,16 +122,18 @@ def test_cache_key_of_a_world1_component_ignores_its_placement(tiny):
     assert _key(split) != _key(base)
 
 
-def test_program_source_digest_follows_codegen_and_hook_sources_only(tmp_path):
+def test_program_source_digest_follows_codegen_and_family_program_sources_only(tmp_path):
     from difflet.passes.cache_key import difflet_version, program_source_digest
 
-    hook = tmp_path / "difflet" / "codegen" / "family" / "fam.py"
+    hook = tmp_path / "difflet" / "families" / "fam" / "programs.py"
     hook.parent.mkdir(parents=True)
     hook.write_text("PROCESSORS = {}\n")
     (tmp_path / "README.md").write_text("docs\n")
+    (hook.parent / "host.py").write_text("STEPS = 1\n")
     first = program_source_digest(tmp_path)
     (tmp_path / "README.md").write_text("other docs\n")
-    assert program_source_digest.__wrapped__(tmp_path) == first  # not a program source
+    (hook.parent / "host.py").write_text("STEPS = 2\n")
+    assert program_source_digest.__wrapped__(tmp_path) == first  # not program sources
     hook.write_text("PROCESSORS = {'x': None}\n")
     assert program_source_digest.__wrapped__(tmp_path) != first  # an edited hook misses the store
     assert difflet_version().endswith("+src." + program_source_digest())

@@ -49,8 +49,10 @@ def compiler_version(backend: str) -> str:
     return f"{COMPILERS.get(backend, backend)}=={package_version(COMPILERS.get(backend, backend))}"
 
 
-# Source trees (relative to the directory holding the difflet package) that programs are built from.
-PROGRAM_SOURCES = ("difflet/codegen", "difflet/parallel", "difflet/kernels")
+# Source trees (relative to the directory holding the difflet package) that programs are built
+# from; a family's host steps (families/<family>/host.py) run on the host only and are left out.
+PROGRAM_SOURCES = ("difflet/codegen", "difflet/parallel", "difflet/kernels", "difflet/families")
+HOST_ONLY = "host.py"
 
 
 @functools.lru_cache(maxsize=4)
@@ -61,7 +63,7 @@ def program_source_digest(root: Path | None = None) -> str:
     h = hashlib.sha256()
     for tree in PROGRAM_SOURCES:
         for path in sorted((root / tree).rglob("*")):
-            if path.suffix in (".py", ".cpp") and path.is_file():
+            if path.suffix in (".py", ".cpp") and path.is_file() and path.name != HOST_ONLY:
                 h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:12]
 

@@ -1,0 +1,1 @@
+"""The wan family (diffusers WanPipeline): facts.py, programs.py, host.py and their private modules."""
