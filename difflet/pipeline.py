@@ -25,10 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from difflet.bundled import MODELS_DIR
 from difflet.errors import DiffletError
 
-REPO = Path(__file__).resolve().parent.parent
-MODELS_DIR = REPO / "models"
 # diffusers' argument names -> the request fields they set (errors are reported by the former)
 ARGUMENT_OF_FIELD = {"steps": "num_inference_steps", "guidance": "guidance_scale", "frames": "num_frames"}
 _DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}

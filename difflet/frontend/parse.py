@@ -13,11 +13,12 @@ from pathlib import Path
 import lark
 from lark import Token, Transformer, v_args
 
+from difflet.bundled import GRAMMARS_DIR
 from difflet.errors import DiffletError
 from difflet.frontend import ast
 from difflet.ir.nodes import Loc
 
-GRAMMAR = Path(__file__).resolve().parents[2] / "grammars" / "difflet.lark"
+GRAMMAR = GRAMMARS_DIR / "difflet.lark"
 
 
 @functools.lru_cache(maxsize=1)

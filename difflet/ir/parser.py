@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import functools
 import json
-from pathlib import Path
 from typing import Any
 
 import lark
 from lark import Token, Transformer, v_args
 
+from difflet.bundled import GRAMMARS_DIR
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Attrs, Loc, Module, Node, Op, RuntimeType, TensorType, Value
 
-GRAMMAR = Path(__file__).resolve().parents[2] / "grammars" / "ir.lark"
+GRAMMAR = GRAMMARS_DIR / "ir.lark"
 _OPS = {op.value: op for op in Op}
 
 # readable names for the grammar's terminals in "expected ..." messages

@@ -25,18 +25,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from difflet.bundled import ASSETS_DIR, MODELS_DIR
 from difflet.errors import DiffletError
 
-REPO = Path(__file__).resolve().parent.parent.parent
-DEMO_DSL = REPO / "models" / "flux-tiny.dsl"
-SHAPES_WEIGHTS = REPO / "difflet" / "assets" / "flux-shapes"
+DEMO_DSL = MODELS_DIR / "flux-tiny.dsl"
+SHAPES_WEIGHTS = ASSETS_DIR / "flux-shapes"
 # name -> (model description, --weights); the DSL has no weights clause, so the pairing lives here
 MODELS = {
-    "flux-shapes": (REPO / "models" / "flux-shapes.dsl", str(SHAPES_WEIGHTS)),
+    "flux-shapes": (MODELS_DIR / "flux-shapes.dsl", str(SHAPES_WEIGHTS)),
     "flux-tiny": (DEMO_DSL, "random:0"),
-    "flux-tiny4": (REPO / "models" / "flux-tiny4.dsl", "random:0"),  # heads divide 4: split layouts
+    "flux-tiny4": (MODELS_DIR / "flux-tiny4.dsl", "random:0"),  # heads divide 4: split layouts
     # the other four families at toy size with random:0 weights (noise-like output, real pipelines)
-    **{name: (REPO / "models" / f"{name}.dsl", "random:0")
+    **{name: (MODELS_DIR / f"{name}.dsl", "random:0")
        for name in ("qwen-image-tiny", "wan2.1-tiny", "hunyuan-video-tiny", "ltx2-tiny")},
 }
 DEFAULT_MODEL = "flux-shapes"
