@@ -189,7 +189,7 @@ def resolve_weights(module: Module, spec: str, store_root: str | os.PathLike | N
                                       directory=True)
         return path
     if spec.startswith("hf:"):
-        from difflet.codegen.hub import hub_snapshot
+        from difflet.frontend.hub import hub_snapshot
 
         return hub_snapshot(spec)
     path = Path(spec)

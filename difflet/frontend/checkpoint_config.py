@@ -46,7 +46,7 @@ def resolve_checkpoint_dir(spec: str) -> Path:
         raise DiffletError("random weights take their configs from the description; at lower time "
                            "--weights needs a checkpoint directory", where="--weights")
     if spec.startswith("hf:"):
-        from difflet.codegen.hub import hub_snapshot
+        from difflet.frontend.hub import hub_snapshot
 
         return hub_snapshot(spec)
     path = Path(spec)
