@@ -18,6 +18,7 @@ import msgspec
 
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Module, Op
+from difflet.ir.verify import verify
 from difflet.passes import cache_key, component_tp, legality
 from difflet.passes.cfg_branch import add_cfg_branches
 from difflet.passes import model_facts as F
@@ -88,12 +89,6 @@ def _verify(m: Module, o: Options) -> Module:
         if len(comp.find(Op.LAYOUT)) != 1 or "cache_key" not in comp.attrs:
             raise DiffletError(f"internal: component {comp.name} lacks its layout or cache key",
                                where=comp.loc)
-    try:
-        from difflet.ir.verify import verify
-    except ModuleNotFoundError as err:
-        if err.name != "difflet.ir.verify":
-            raise
-        return m
     verify(m)
     return m
 

@@ -121,8 +121,3 @@ def to_tensor(images: np.ndarray):
 
     return torch.from_numpy(images).permute(0, 3, 1, 2).float().div(127.5).sub(1.0)
 
-
-def to_uint8(images) -> np.ndarray:
-    """float torch [n, 3, h, w] in [-1, 1] -> uint8 numpy [n, h, w, 3]."""
-    x = images.detach().float().clamp(-1, 1).add(1).mul(127.5).round()
-    return x.permute(0, 2, 3, 1).to(dtype=__import__("torch").uint8).cpu().numpy()
