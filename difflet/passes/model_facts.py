@@ -114,13 +114,12 @@ def dtype_bytes(dtype: str) -> int:
 
 
 def guidance_branches(module: Module) -> int:
-    """2 when the denoise step runs true classifier-free guidance (two passes), else 1."""
-    for sched in module.find(Op.SCHEDULE):
-        for step in sched.body:
-            g = step.attrs.get("guidance")
-            if isinstance(g, Attrs) and g.get("mode") in ("cfg", "true_cfg"):
-                return 2
-    return 1
+    """2 when the denoise step runs true classifier-free guidance (two passes), else 1 (the mode
+    the description names, else its family's default)."""
+    from difflet.families import guidance_mode
+    from difflet.families.facts import NEGATIVE_PROMPT_MODES
+
+    return 2 if guidance_mode(module) in NEGATIVE_PROMPT_MODES else 1
 
 
 def round_up(n: int, tile: int) -> int:
