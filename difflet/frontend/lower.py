@@ -128,6 +128,10 @@ class _Lowering:
             raise self.error("the model has no schedule { ... }", m.span)
         body.append(Node(Op.SCHEDULE, "main", body=tuple(self.step(s, names) for s in m.steps),
                          loc=self.src.loc(m.schedule_span)))
+        from difflet.families import FAMILIES
+
+        if m.family not in FAMILIES:  # its host steps and declarations would be found nowhere
+            raise self.error(f"unknown model family {m.family!r} (registered: {', '.join(FAMILIES)})", m.span)
         attrs = Attrs([("family", m.family), ("profile", Attrs(self.profile)), ("source", self.src.path)])
         return Module(m.name, "pipeline", attrs, tuple(body), loc=self.src.loc(m.span))
 
