@@ -6,7 +6,7 @@ types (shapes, dtypes, runtime ranges) with their select/alias/state attrs; its 
 sites; its planned layout node (attrs and body; for a world-1 layout without its placement:
 ranks, replicas and groups read as one copy on rank 0); the backend; the compiler version; the
 Difflet version, which includes a digest of the source that decides what a program computes
-(codegen with its family hooks, parallel, difflet/kernels), so editing a processor or program wrapper
+(codegen, parallel, difflet/kernels and the families but for their host steps), so editing a processor or program wrapper
 never reuses a stale program; whether a probe is carried.
 A world-1 program is the same program wherever and however often it is placed, so a TP1
 encoder keys (and compiles) the same in a tp1 and a tp2cp2 plan; a split layout keeps its
