@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import click
 
+from difflet.passes.backend_facts import BACKENDS
+
 
 @click.command("codegen")
 @click.argument("ir", type=click.Path(dir_okay=False))
-@click.option("--backend", type=click.Choice(["inductor", "neuron"]), default="inductor", show_default=True,
+@click.option("--backend", type=click.Choice(list(BACKENDS)), default="inductor", show_default=True,
               help="inductor: torch.export + AOTInductor (CPU/CUDA); neuron: Trainium2 (needs the Neuron SDK).")
 @click.option("--weights", required=True, metavar="DIR|hf:ORG/NAME|random:SEED",
               help="A diffusers-format checkpoint directory, hf:ORG/NAME[@REV] from the local "

@@ -5,9 +5,10 @@ Invariants:
   not overlap); each runs `emit.emit_program` for one program at a time, exactly what the
   parent would run, so the store entries, ART files and manifest entries are the same. The
   store's per-key locks keep concurrent producers (other codegens included) safe.
-- Worker count: min(usable cores, missing programs, available memory / the largest program's
-  estimate), or $DIFFLET_COMPILE_WORKERS. With fewer than two programs or one worker the pool
-  does nothing and the parent compiles in-process (no worker start-up cost).
+- Worker count (a backend declaring `parallel_compiles`; otherwise 1): min(usable cores, missing
+  programs, available memory / the largest program's estimate), or $DIFFLET_COMPILE_WORKERS.
+  With fewer than two programs or one worker the pool does nothing and the parent compiles
+  in-process (no worker start-up cost).
 - A failure comes back as a DiffletError naming the program; a worker that dies (e.g. killed
   for memory) is reported the same way.
 """
@@ -21,6 +22,7 @@ from typing import Iterator
 
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Module, Node
+from difflet.passes.backend_facts import backend_facts
 
 WORKERS_ENV = "DIFFLET_COMPILE_WORKERS"
 # A compile worker's resident memory besides the program's weights: torch, inductor and g++
@@ -93,7 +95,7 @@ class CompilePool:
 
     def __init__(self, module: Module, missing: list[Node], ckpt: Path, store_root: Path, backend: str,
                  out: Path, verbose: bool) -> None:
-        workers = compile_workers(missing) if backend == "inductor" else 1
+        workers = compile_workers(missing) if backend_facts(backend).parallel_compiles else 1
         self.workers = workers
         self.nodes = list(missing) if len(missing) > 1 and workers > 1 else []
         self._args = (module, str(ckpt), str(store_root), backend, str(out), verbose)

@@ -55,13 +55,15 @@ def _require_planned(module: Module, backend: str = "inductor") -> None:
                                    f"{reason}", where=layout.loc)
 
 
-def _check_buckets(module: Module, backend: str) -> None:
-    """Shape buckets are built for unsplit inductor programs so far."""
+def _check_buckets(module: Module, be) -> None:
+    """Shape buckets are built for unsplit programs of a `shape_buckets` backend so far."""
+    from difflet.passes.backend_facts import names_with
+
     if not buckets(module):
         return
-    if backend != "inductor":
-        raise DiffletError(f"shape buckets are built for the inductor backend only so far, not {backend!r}",
-                           where="--backend")
+    if not be.shape_buckets:
+        raise DiffletError(f"shape buckets are built for the {', '.join(names_with('shape_buckets'))} backend "
+                           f"only so far, not {be.name!r}", where="--backend")
     for comp in module.components():
         if comp.find(Op.LAYOUT) and _world(comp) > 1:
             raise DiffletError(f"component {comp.name!r} is split over {_world(comp)} ranks; split programs "
@@ -125,8 +127,8 @@ def _codegen(module: Module, weights, out: Path, backend: str, store, log, verbo
     from difflet.ir import binary
 
     _require_planned(module, backend)
-    get_backend(backend)  # an unavailable backend (neuron here) fails before any work
-    _check_buckets(module, backend)
+    be = get_backend(backend)  # an unavailable backend (neuron here) fails before any work
+    _check_buckets(module, be)
     the_store = Store(store)
     ckpt = resolve_weights(module, str(weights), the_store.root)
     (out / "programs").mkdir(parents=True, exist_ok=True)
@@ -154,8 +156,8 @@ def _codegen(module: Module, weights, out: Path, backend: str, store, log, verbo
         for node in nodes:
             if node not in pool:  # reused, split, or compiled here when the pool is not worth it
                 start = time.perf_counter()
-                entry, created = (_codegen_cfg(module, node, ckpt, the_store, backend, out) if _cfg(node) > 1
-                                  else _codegen_split(module, node, ckpt, the_store, backend, out) if _world(node) > 1
+                entry, created = (_codegen_cfg(module, node, ckpt, the_store, be, out) if _cfg(node) > 1
+                                  else _codegen_split(module, node, ckpt, the_store, be, out) if _world(node) > 1
                                   else emit_program(module, node.name, ckpt, the_store, backend, out))
                 record(node, entry, created, time.perf_counter() - start)
         for node, entry, created, seconds in pool.results():
@@ -175,21 +177,22 @@ def _codegen(module: Module, weights, out: Path, backend: str, store, log, verbo
     return result
 
 
-def _codegen_split(module: Module, comp: Node, ckpt: Path, store, backend: str, out: Path) -> tuple[Component, bool]:
+def _codegen_split(module: Module, comp: Node, ckpt: Path, store, be, out: Path) -> tuple[Component, bool]:
     """Per-rank programs (compiled in rank workers, or reused) and presharded weights of `comp`;
     returns its manifest entry and whether it compiled."""
     from difflet.codegen.split_codegen import compile_split, degrees
 
-    if backend == "neuron":  # one SPMD program for every rank, not a program per rank
+    if be.spmd_splits:  # one SPMD program for every rank, not a program per rank
+        # the one SPMD emitter; a backends.py entry would be an import cycle (neuron_spmd -> emit -> backends)
         from difflet.codegen.neuron_spmd import emit_spmd
 
         return emit_spmd(comp, ckpt, store, out)
-    entries, created = compile_split(module, comp, ckpt, store, backend)
-    return manifest_entry(comp, comp, _rank_files(comp, entries, ckpt, backend, out), world=len(entries),
+    entries, created = compile_split(module, comp, ckpt, store, be.name)
+    return manifest_entry(comp, comp, _rank_files(comp, entries, ckpt, be, out), world=len(entries),
                           degrees=dict(degrees(comp))), created
 
 
-def _rank_files(comp: Node, entries: list[Path], ckpt: Path, backend: str, out: Path) -> list[RankFiles]:
+def _rank_files(comp: Node, entries: list[Path], ckpt: Path, be, out: Path) -> list[RankFiles]:
     """Link each rank's program into ART/ and write its presharded weights."""
     from safetensors.torch import save_file
 
@@ -199,13 +202,13 @@ def _rank_files(comp: Node, entries: list[Path], ckpt: Path, backend: str, out: 
     ranks = []
     for r, entry in enumerate(entries):
         prog_rel, weights_rel = program_paths(comp.name, r)
-        link_or_copy(entry / "program.pt2", out / prog_rel)
-        save_file(rank_weights(comp, ckpt, entry, r, backend), str(out / weights_rel))
+        link_or_copy(entry / be.PROGRAM_FILE, out / prog_rel)
+        save_file(rank_weights(comp, ckpt, entry, r, be.name), str(out / weights_rel))
         ranks.append(RankFiles(file_ref(out, prog_rel), file_ref(out, weights_rel)))
     return ranks
 
 
-def _codegen_cfg(module: Module, comp: Node, ckpt: Path, store, backend: str, out: Path) -> tuple[Component, bool]:
+def _codegen_cfg(module: Module, comp: Node, ckpt: Path, store, be, out: Path) -> tuple[Component, bool]:
     """A cfg2 component: its inner layout's programs (reused from the store when the plain inner
     plan compiled them) and that layout's weight files, once; the entry records cfg for the loader."""
     from difflet.codegen.cfg_program import inner_module, inner_node
@@ -214,13 +217,15 @@ def _codegen_cfg(module: Module, comp: Node, ckpt: Path, store, backend: str, ou
 
     inner = inner_node(module, comp)
     if _world(inner) == 1:
-        entry, created = emit_node(inner, ckpt, store, backend, out)
+        entry, created = emit_node(inner, ckpt, store, be.name, out)
         ranks = list(entry.ranks)
     else:
-        if backend != "inductor":
-            raise DiffletError(f"split programs of {comp.name!r} are built for the inductor backend only so far",
-                               where="--backend")
-        entries, created = compile_split(inner_module(module, comp, inner), inner, ckpt, store, backend)
-        ranks = _rank_files(inner, entries, ckpt, backend, out)
+        if not be.rank_splits:  # a cfg group's inner split is per-rank programs in rank workers
+            from difflet.passes.backend_facts import names_with
+
+            raise DiffletError(f"split programs of {comp.name!r} are built for the "
+                               f"{', '.join(names_with('rank_splits'))} backend only so far", where="--backend")
+        entries, created = compile_split(inner_module(module, comp, inner), inner, ckpt, store, be.name)
+        ranks = _rank_files(inner, entries, ckpt, be, out)
     return manifest_entry(comp, comp, ranks, world=len(ranks), degrees=dict(degrees(inner)),
                           cfg=_cfg(comp)), created

@@ -11,8 +11,9 @@ Invariants:
   loading never reshards.
 - A cfg layout never comes here: it is two replicas of its inner layout's programs
   (codegen/cfg_program.py).
-- `split_program` / `eager_split_program` give a `SplitProgram` (neuron: one
-  neuron_load.SpmdProgram, no rank workers) with the Program call convention (full tensors in, full outputs back); the visual scatter and the output gather are
+- `split_program` / `eager_split_program` give a `SplitProgram` (a backend with `spmd_splits`:
+  its one SPMD program, e.g. neuron_load.SpmdProgram, no rank workers) with the Program call
+  convention (full tensors in, full outputs back); the visual scatter and the output gather are
   inside each rank's program (see split_layout.RankProgramModule).
 """
 from __future__ import annotations
@@ -98,18 +99,11 @@ def rank_weights(node: Node, ckpt: str | os.PathLike, entry: Path, rank: int, ba
 
 
 def load_compiled_rank(rank: int, groups, backend: str, program: str, weights: str):
-    """Worker loader: the rank's compiled program with its presharded weights.
+    """Worker loader: the rank's compiled program with its presharded weights (the backend's
+    rank runner: an inductor rank program runs with the GIL released, parallel.aoti_runner)."""
+    from difflet.codegen.backends import get_backend
 
-    An inductor rank program runs with the GIL released (parallel.aoti_runner): torch's own
-    binding holds it across the program's collective waits, and a gloo thread finishing a
-    collective may need it, which deadlocked the ranks."""
-    if backend == "inductor":
-        from difflet.parallel.aoti_runner import NoGilRunner
-
-        return NoGilRunner(Path(program), Path(weights))
-    from difflet.codegen.backends import load_runner
-
-    return load_runner(backend, Path(program), Path(weights))
+    return get_backend(backend).load_rank(Path(program), Path(weights))
 
 
 def load_eager_rank(rank: int, groups, module_bytes: bytes, name: str, ckpt: str):
@@ -120,23 +114,21 @@ def load_eager_rank(rank: int, groups, module_bytes: bytes, name: str, ckpt: str
 
 
 def split_program(node: Node, backend: str, programs: list[Path], weights: list[Path], **kw):
-    """A SplitProgram over compiled per-rank programs (rank order)."""
+    """A SplitProgram over compiled per-rank programs (rank order); an spmd_splits backend's one
+    program for every rank runs from this process instead (no rank workers)."""
+    from difflet.codegen.backends import get_backend
     from difflet.parallel.workers import SplitProgram
+    from difflet.passes.backend_facts import backend_facts
 
-    if backend == "neuron":  # one SPMD program runs every rank from this process (NxDModel), no rank workers
+    if backend_facts(backend).spmd_splits:
         if kw:
             from difflet.errors import DiffletError
 
-            raise DiffletError(f"{node.name!r}: a neuron SPMD program takes no rank-worker options "
-                               f"({', '.join(kw)}); cfg layouts are not built for neuron", where=node.loc)
-        from difflet.codegen.neuron_load import SpmdProgram
-
-        return SpmdProgram(node, list(programs), list(weights))
+            raise DiffletError(f"{node.name!r}: a {backend} SPMD program takes no rank-worker options "
+                               f"({', '.join(kw)}); cfg layouts are not built for {backend}", where=node.loc)
+        return get_backend(backend).spmd_program(node, list(programs), list(weights))
     args = [(backend, str(p), str(w)) for p, w in zip(programs, weights, strict=True)]
-    if backend == "inductor":
-        from difflet.parallel.aoti_runner import build
-
-        build()  # the shim is built (once) here, not by every rank worker at once
+    get_backend(backend).prepare_rank_loads()  # once here, not by every rank worker at once
     return SplitProgram(node, degrees(node), load_compiled_rank, args, **kw)
 
 

@@ -16,9 +16,8 @@ Invariants:
 from __future__ import annotations
 
 from difflet.ir.nodes import Module, Node, Op
+from difflet.passes.backend_facts import BACKENDS, names_with
 from difflet.passes.cfg_branch import has_twins
-
-SPLIT_BACKENDS = ("inductor", "neuron")
 
 
 def _built(field: str) -> tuple[str, ...]:
@@ -64,18 +63,20 @@ def layout_reason(comp: Node, backend: str = "inductor") -> str | None:
     if replica_world(la) // cfg > 1 and cls not in split_built():
         built = ", ".join(c.rpartition(".")[2] for c in split_built())
         return f"split programs of {cls} are not built yet (built: {built})"
-    if backend not in SPLIT_BACKENDS:
-        return f"split programs are built for the {', '.join(SPLIT_BACKENDS)} backends only so far, not {backend}"
-    return spmd_reason(comp, la) if backend == "neuron" else None
+    facts = BACKENDS.get(backend)
+    if facts is None or not facts.split_programs:
+        split = ", ".join(names_with("split_programs"))
+        return f"split programs are built for the {split} backends only so far, not {backend}"
+    return spmd_reason(comp, la, backend) if facts.spmd_splits else None
 
 
-def spmd_reason(comp: Node, la) -> str | None:
-    """Why the neuron SPMD path cannot build this split layout (None when it can)."""
+def spmd_reason(comp: Node, la, backend: str) -> str | None:
+    """Why an SPMD backend (backend_facts `spmd_splits`) cannot build this split layout (None when it can)."""
     if la.get("sp") or int(la.get("cp", 1)) > 1:
-        return "the neuron backend builds tp-only split programs (one NxD SPMD program) so far, not sp or cp"
+        return f"the {backend} backend builds tp-only split programs (one NxD SPMD program) so far, not sp or cp"
     if comp.attrs.get("class") not in spmd_built():
         built = ", ".join(c.rpartition(".")[2] for c in spmd_built())
-        return f"neuron SPMD programs of {comp.attrs.get('class')} are not built yet (built: {built})"
+        return f"{backend} SPMD programs of {comp.attrs.get('class')} are not built yet (built: {built})"
     return None
 
 

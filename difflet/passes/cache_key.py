@@ -11,8 +11,9 @@ never reuses a stale program; whether a probe is carried.
 A world-1 program is the same program wherever and however often it is placed, so a TP1
 encoder keys (and compiles) the same in a tp1 and a tp2cp2 plan; a split layout keeps its
 placement, which its rank programs' collectives depend on.
-For the neuron backend, a separate part "neuron_compiler_args": the target table's neuronx-cc
-flags (passes/neuron_flags.py), since flags change the emitted program.
+A backend with compiler flags adds them as a separate named part (its declaration's `key_part`,
+passes/backend_facts.py; neuron: "neuron_compiler_args", the target table's neuronx-cc flags), since
+flags change the emitted program.
 Never inputs: runtime settings (cache mode, threshold, cadence, steps, guidance, seed),
 weights (or params counts and subfolders, which name them), tokenizers (host side) and
 source locations. So changing a runtime setting recompiles nothing.
@@ -30,11 +31,10 @@ import msgspec
 
 from difflet.ir.nodes import Attrs, Module, Node, Op, RuntimeType, TensorType
 from difflet.passes import model_facts as F
-from difflet.passes import neuron_flags
+from difflet.passes.backend_facts import BACKENDS
 
 KEY_ATTRS = ("role", "class", "config", "entry", "dtype", "probe", "mode", "source", "modules",
              "stops_before", "score", "fused_into")
-COMPILERS = {"inductor": "torch", "neuron": "neuronx-cc"}
 
 
 def package_version(dist: str) -> str:
@@ -46,7 +46,14 @@ def package_version(dist: str) -> str:
 
 
 def compiler_version(backend: str) -> str:
-    return f"{COMPILERS.get(backend, backend)}=={package_version(COMPILERS.get(backend, backend))}"
+    """`PACKAGE==VERSION` of the backend's compiler (an undeclared name stands for its own package)."""
+    dist = BACKENDS[backend].compiler if backend in BACKENDS else backend
+    return f"{dist}=={package_version(dist)}"
+
+
+def flags_part(backend: str, target: str | None) -> dict[str, Any]:
+    """The backend's compiler-flags key part for `target` ({} for a backend without flags)."""
+    return BACKENDS[backend].key_part(target) if backend in BACKENDS else {}
 
 
 # Source trees (relative to the directory holding the difflet package) that programs are built
@@ -142,7 +149,7 @@ def assign_cache_keys(m: Module, backend: str, compiler: str, difflet: str | Non
 
 def _keyed(m: Module, n: Node, backend: str, compiler: str, difflet: str) -> Node:
     key = digest({**key_inputs(n, backend, compiler, difflet, probe_presence(m, n)),
-                  **neuron_flags.key_part(backend, m.attrs.get("target"))})
+                  **flags_part(backend, m.attrs.get("target"))})
     return msgspec.structs.replace(n, attrs=n.attrs.set(cache_key=key))
 
 
@@ -158,6 +165,6 @@ def explain(m: Module) -> str:
     for comp in F.compiled(m):
         inputs = key_inputs(comp, m.attrs["backend"], m.attrs["compiler"], m.attrs["difflet_version"],
                             probe_presence(m, comp))
-        inputs.update(neuron_flags.key_part(m.attrs["backend"], m.attrs.get("target")))
+        inputs.update(flags_part(m.attrs["backend"], m.attrs.get("target")))
         out[comp.name] = {"cache_key": digest(inputs), "inputs": inputs}
     return json.dumps(out, indent=1)

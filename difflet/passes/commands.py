@@ -8,6 +8,7 @@ from __future__ import annotations
 import click
 
 from difflet.errors import DiffletError
+from difflet.passes.backend_facts import BACKENDS
 
 
 def _component_tp(values: tuple[str, ...]) -> dict[str, int]:
@@ -32,7 +33,7 @@ def _component_tp(values: tuple[str, ...]) -> dict[str, int]:
               help="CP attention mode (default ulysses when cp > 1)")
 @click.option("--probe", type=click.Choice(["none", "separate", "fused"]), default="none",
               show_default=True)
-@click.option("--backend", type=click.Choice(["inductor", "neuron"]), default=None,
+@click.option("--backend", type=click.Choice(list(BACKENDS)), default=None,
               help="default: the target's first backend")
 @click.option("--component-tp", multiple=True, metavar="NAME=N",
               help="own tp degree of an encoder/decoder (default 1, raised automatically when it "

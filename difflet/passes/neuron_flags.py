@@ -2,7 +2,8 @@
 
 Flags change the program neuronx-cc emits (precision via auto-cast, LNC core grouping, the
 optimization level), so for the neuron backend they are a separate, named part of every cache
-key ("neuron_compiler_args"); other backends' keys do not carry it. Flag spellings follow the
+key ("neuron_compiler_args", the neuron declaration's `flags` in passes/backend_facts.py); other
+backends' keys do not carry it. Flag spellings follow the
 Neuron Compiler CLI reference (neuronx-cc, Neuron SDK 2.29) and NxD ModelBuilder's defaults
 (`--enable-saturate-infinity --auto-cast=none --model-type=transformer -O1`, `--lnc=2` on trn2).
 Invariant: no torch import (passes stay torch-free).
@@ -30,8 +31,6 @@ def compiler_args(table: Mapping[str, Any]) -> list[str]:
             *[str(x) for x in cfg.get("extra", ())]]
 
 
-def key_part(backend: str, target: str | None) -> dict[str, list[str]]:
-    """The cache key's compiler-flags part: {"neuron_compiler_args": [...]} for neuron, {} otherwise."""
-    if backend != "neuron" or not target:
-        return {}
+def key_part(target: str) -> dict[str, list[str]]:
+    """The neuron backend's cache-key part (passes/backend_facts.py): {"neuron_compiler_args": [...]}."""
     return {"neuron_compiler_args": compiler_args(load_target(target))}
