@@ -17,7 +17,7 @@ from difflet.codegen.attention import install_attention
 from difflet.codegen.checkpoint import load_component
 from difflet.codegen.portable_ops import install_portable_ops
 from difflet.codegen.program_module import ProgramModule
-from difflet.codegen.program import check_inputs, program_inputs, program_outputs  # noqa: F401 - re-exported
+from difflet.codegen.program import program_inputs
 from difflet.codegen.rope import install_fp32_rope
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op, RuntimeType

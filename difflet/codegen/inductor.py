@@ -11,12 +11,11 @@ Invariants:
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
 
-from difflet.codegen.build import build_program_module, example_inputs
+from difflet.codegen.build import example_inputs
 from difflet.codegen.program_module import ProgramModule
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node
@@ -93,13 +92,6 @@ def program_weights(pm: ProgramModule, entry: Path) -> dict[str, torch.Tensor]:
         out[k] = t.contiguous().clone() if ptr in seen else t.contiguous()
         seen.add(ptr)
     return out
-
-
-def build_and_compile(node: Node, ckpt_dir: str | os.PathLike, dest: Path) -> ProgramModule:
-    """Convenience: build the program module from the checkpoint and compile it into `dest`."""
-    pm = build_program_module(node, ckpt_dir)
-    compile_entry(node, pm, dest)
-    return pm
 
 
 def load_program_weights(weights_path: Path, fqns: list[str]) -> dict:
