@@ -1,4 +1,4 @@
-"""Imported by the model processes' forkserver only (see replica.prestart), never by the API
+"""Imported by the model processes' forkserver only (see procs.prestart), never by the API
 process: work every model process would otherwise repeat at its start, done once before they
 fork from the forkserver (module caches are inherited by fork).
 

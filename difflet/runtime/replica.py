@@ -24,10 +24,6 @@ Invariants:
 """
 from __future__ import annotations
 
-import atexit
-import multiprocessing
-import os
-import signal
 import threading
 import time
 from multiprocessing.connection import wait
@@ -37,43 +33,9 @@ import msgspec
 
 from difflet.runtime import messages as msg
 from difflet.runtime.jobs import Job
+from difflet.runtime.procs import CTX, LIVE, kill_group
 
-# model processes fork from a forkserver that imported torch and the host steps once
-# (`prestart`), so a (re)start skips those imports; the API process itself never imports them
-_CTX = multiprocessing.get_context("forkserver")
 START_TIMEOUT_S = 1800.0
-_LIVE: set = set()  # started model processes not yet confirmed dead (see _kill_leftovers)
-
-
-def prestart(preload: list[str]) -> None:
-    """Start the forkserver now, importing `preload` (torch, the runner, host steps) there while
-    the API process goes on with its own startup; model processes then fork from it."""
-    _CTX.set_forkserver_preload(list(preload))
-    from multiprocessing import forkserver
-
-    forkserver.ensure_running()
-
-
-@atexit.register
-def _kill_leftovers() -> None:
-    """Last resort at API-process exit: SIGKILL the group of any model process still alive.
-    Registered after multiprocessing's own exit hook, so it runs first (atexit is LIFO) and
-    that hook never waits on a non-daemonic model process that would not exit by itself."""
-    for proc in list(_LIVE):
-        _kill_group(proc)
-
-
-def _kill_group(proc) -> None:
-    """SIGKILL `proc`'s process group (it and any workers it started), confirm its exit."""
-    if proc.pid:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass  # no group (yet, or any more): the process itself is handled below
-    if proc.is_alive():
-        proc.kill()
-    proc.join()  # confirm the exit
-    _LIVE.discard(proc)
 
 
 class Replica:
@@ -87,7 +49,7 @@ class Replica:
         self.jobs: list[Job] = []  # in the process or about to be sent, in assignment order
         self._unsent: list[Job] = []
         self._cancels: list[int] = []  # seqs to send Cancel for (supervisor thread sends)
-        self._wake_r, self._wake_w = _CTX.Pipe(duplex=False)
+        self._wake_r, self._wake_w = CTX.Pipe(duplex=False)
         self._wake_lock = threading.Lock()
         self._stop = threading.Event()
         self._proc = None
@@ -142,14 +104,14 @@ class Replica:
         self.pid, self.compiles = 0, 0
         try:
             self.precheck()
-            conn, child = _CTX.Pipe(duplex=True)
+            conn, child = CTX.Pipe(duplex=True)
             cores = self.config.get("cores") or []
             config = dict(self.config, generation=self.generation,
                           cores=cores[self.index] if self.index < len(cores) else [])
-            proc = _CTX.Process(target=model_process.serve, args=(child, config),
+            proc = CTX.Process(target=model_process.serve, args=(child, config),
                                 name=f"difflet-model-{self.index}", daemon=False)
             proc.start()
-            _LIVE.add(proc)
+            LIVE.add(proc)
             child.close()
             self._proc, self._conn = proc, conn
             message = self._first_message(proc, conn)
@@ -289,7 +251,7 @@ class Replica:
     def _kill(self) -> None:
         """SIGKILL the model process's group (it and any workers it started), confirm the exit."""
         if self._proc is not None:
-            _kill_group(self._proc)
+            kill_group(self._proc)
         if self._conn is not None:
             self._conn.close()
         self._proc = self._conn = None

@@ -1,0 +1,49 @@
+"""Model processes as OS processes: the forkserver they fork from, their process groups, and the
+last-resort kill at API-process exit. Torch-free (torch is imported in the forkserver only).
+
+Invariants:
+- Every model process forks from one forkserver that imported torch and the host steps once
+  (`prestart`), so a (re)start skips those imports; the API process itself never imports them.
+- `kill_group` SIGKILLs a model process's whole group (it leads one: rank workers it started are
+  in it) and confirms the exit (join); a process started with `CTX` is in `LIVE` until then.
+"""
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import os
+import signal
+
+CTX = multiprocessing.get_context("forkserver")
+LIVE: set = set()  # started model processes not yet confirmed dead (see _kill_leftovers)
+
+
+def prestart(preload: list[str]) -> None:
+    """Start the forkserver now, importing `preload` (torch, the runner, host steps) there while
+    the API process goes on with its own startup; model processes then fork from it."""
+    CTX.set_forkserver_preload(list(preload))
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    """Last resort at API-process exit: SIGKILL the group of any model process still alive.
+    Registered after multiprocessing's own exit hook, so it runs first (atexit is LIFO) and
+    that hook never waits on a non-daemonic model process that would not exit by itself."""
+    for proc in list(LIVE):
+        kill_group(proc)
+
+
+def kill_group(proc) -> None:
+    """SIGKILL `proc`'s process group (it and any workers it started), confirm its exit."""
+    if proc.pid:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass  # no group (yet, or any more): the process itself is handled below
+    if proc.is_alive():
+        proc.kill()
+    proc.join()  # confirm the exit
+    LIVE.discard(proc)
