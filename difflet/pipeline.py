@@ -6,7 +6,8 @@
 Invariants:
 - Compile-time shapes (height, width, num_frames, max_sequence_length, dtype) and the parallel
   layout are `from_pretrained` arguments; a call asking for another size is refused, naming the
-  argument and the compiled size. Steps, guidance, seed and prompts are per call.
+  argument and the compiled size. Steps, guidance, seed and prompts are per call: the call's
+  keyword arguments are request.Request's fields by their diffusers names (derived, not listed).
 - Configs come from the checkpoint (`config from checkpoint` components) and programs from the
   program store: a second `from_pretrained` of the same model, shapes and weights compiles
   nothing and rewrites nothing (the artifact directory is keyed by the planned programs and
@@ -27,9 +28,8 @@ from typing import Any, Callable
 
 from difflet.bundled import MODELS_DIR
 from difflet.errors import DiffletError
+from difflet.runtime.request import from_arguments, names, with_arguments
 
-# diffusers' argument names -> the request fields they set (errors are reported by the former)
-ARGUMENT_OF_FIELD = {"steps": "num_inference_steps", "guidance": "guidance_scale", "frames": "num_frames"}
 _DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
 
 
@@ -137,14 +137,16 @@ class DiffletPipeline:
         """The compiled serving profile (height, width, steps, guidance, max_text, dtype, ...)."""
         return self.runner.profile
 
+    @with_arguments
     def __call__(self, prompt: str | list[str], negative_prompt: str | None = None, *,
-                 height: int | None = None, width: int | None = None, num_frames: int | None = None,
-                 num_inference_steps: int | None = None, guidance_scale: float | None = None,
                  generator: Any = None, seed: int | None = None, num_images_per_prompt: int = 1,
-                 output_type: str = "pil", cache: str | None = None,
-                 callback: Callable[[int, int, bool], Any] | None = None) -> DiffletPipelineOutput:
+                 output_type: str = "pil", callback: Callable[[int, int, bool], Any] | None = None,
+                 **arguments: Any) -> DiffletPipelineOutput:
         """Generate for each prompt and image; `generator` (a torch.Generator) gives its seed.
-        `callback(step, total_steps, cached)` runs after every denoising step."""
+        `callback(step, total_steps, cached)` runs after every denoising step. `arguments` are
+        the request's other fields by their diffusers names (num_inference_steps,
+        guidance_scale, height, width, num_frames, cache, ...; None = the profile's)."""
+        fields = from_arguments(arguments, "__call__")
         if output_type not in ("pil", "np"):
             raise DiffletError(f"output_type: {output_type!r} is not 'pil' or 'np'", where="output_type")
         if int(num_images_per_prompt) < 1:
@@ -152,9 +154,7 @@ class DiffletPipeline:
         base = seed if seed is not None else generator.initial_seed() if generator is not None \
             else secrets.randbelow(2**63 - num_images_per_prompt)
         out = DiffletPipelineOutput()
-        requests = [self._params(prompt=text, negative_prompt=negative_prompt, seed=base + i,
-                                 steps=num_inference_steps, guidance=guidance_scale, height=height,
-                                 width=width, frames=num_frames, cache=cache)
+        requests = [self._params(**fields, prompt=text, negative_prompt=negative_prompt, seed=base + i)
                     for text in ([prompt] if isinstance(prompt, str) else list(prompt))
                     for i in range(int(num_images_per_prompt))]
         with ThreadPoolExecutor(self.runner.max_batch) as pool:  # up to max_batch run as one batch
@@ -172,7 +172,7 @@ class DiffletPipeline:
         try:
             return self.runner.resolve(**fields)
         except DiffletError as err:
-            name = ARGUMENT_OF_FIELD.get(str(err.where), err.where)
+            name = names("api").get(str(err.where), err.where)
             message = err.message.replace(f"{err.where}:", f"{name}:", 1)
             if str(err.where) in ("height", "width", "frames"):
                 message += " (from_pretrained(height=, width=, num_frames=) or shapes= compiles others)"

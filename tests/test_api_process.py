@@ -23,8 +23,8 @@ from difflet.runtime import client
 from difflet.runtime.demo import start_server, stop_server
 
 REPO = Path(__file__).resolve().parent.parent
-API_MODULES = ("server", "service", "admission", "dispatcher", "replica", "jobs", "metrics",
-               "startup", "validate", "messages")
+API_MODULES = ("server", "api_server", "service", "admission", "dispatcher", "replica", "procs", "jobs",
+               "metrics", "startup", "validate", "request", "messages")
 HEAVY = ("torch", "diffusers", "transformers")
 
 
@@ -88,8 +88,9 @@ from difflet.runtime.server import DiffletServer
 server = DiffletServer({str(flux_tiny_art)!r}, port=0)
 fields = server.admission.check(prompt="a cat", seed=1, steps=None, guidance=None, height=0,
                                 width=0, request_id="r", cache="")
-from difflet.runtime.messages import run_fields
-run_fields(fields)
+from difflet.runtime import messages
+sent = messages.Run(0, fields)
+assert messages.decode_to_model(messages.encode(sent)) == sent  # the model process's message
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in {HEAVY!r})
 assert not heavy, heavy[:10]
 print("ok", len(sys.modules))

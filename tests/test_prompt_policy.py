@@ -123,7 +123,7 @@ def test_strict_policy_refuses_as_before_and_truncate_admits(flux_tiny_art):
     _, cuts = Admission(info, prompt_policy="strict").admit(prompt="word " * 31, **OK)
     assert [(c.encoder, c.dropped) for c in cuts] == [("text_encoder", 17)]  # CLIP still cuts: 33 -> 16
     fields, cuts = Admission(info).admit(prompt=prompt, **OK)
-    assert fields["prompt"] == prompt
+    assert fields.prompt == prompt
     assert [(c.encoder, c.tokens, c.limit, c.dropped) for c in cuts] == [
         ("text_encoder", 34, 16, 18), ("text_encoder_2", 33, 32, 1)]
     with pytest.raises(DiffletError, match="prompt policy 'lenient'"):

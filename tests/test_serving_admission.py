@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from difflet.errors import DiffletError
-from difflet.runtime.admission import Admission, check_cache_mode
+from difflet.runtime.admission import Admission
 from difflet.runtime.startup import check_artifacts
+from difflet.runtime.validate import check_cache_mode
 
 OK = dict(prompt="a red fox", seed=1, steps=None, guidance=None, height=0, width=0,
           request_id="", cache="")
@@ -19,9 +20,9 @@ def admission(flux_tiny_art):
 
 
 def test_defaults_are_filled_from_the_profile(admission):
-    fields = admission.check(**OK)
-    assert (fields["steps"], fields["guidance"], fields["height"], fields["width"]) == (4, 3.5, 32, 32)
-    assert len(fields["request_id"]) == 16 and fields["cache"] is None
+    request = admission.check(**OK)
+    assert (request.steps, request.guidance, request.height, request.width) == (4, 3.5, 32, 32)
+    assert len(request.request_id) == 16 and request.cache == ""  # "" = the server's mode
 
 
 def test_prompt_token_count_matches_the_host_tokenizer(admission, flux_tiny_art):

@@ -40,11 +40,12 @@ class DiffletServer:
                  threads: int = 0, prompt_policy: str = "truncate", api_key: str | None = None,
                  tls: tuple[str, str] | None = None, max_batch: int | None = None,
                  lossless_video: bool = False) -> None:
-        from difflet.runtime.admission import Admission, check_cache_mode
+        from difflet.runtime.admission import Admission
         from difflet.runtime.dispatcher import Dispatcher
         from difflet.runtime.metrics import Metrics
         from difflet.runtime import model_process, procs
         from difflet.runtime.startup import check_artifacts
+        from difflet.runtime.validate import check_cache_mode
 
         self.host, self.port = host, port
         self.cache = check_cache_mode(cache, field="--cache")
@@ -53,7 +54,7 @@ class DiffletServer:
         self.info = check_artifacts(art, expect)
         # the model processes' imports start now, in the forkserver, beside our own startup
         procs.prestart(model_process.preload_modules(str(self.info.module.attrs.get("family", ""))))
-        self.admission = Admission(self.info, self.cache, prompt_policy=prompt_policy)
+        self.admission = Admission(self.info, prompt_policy=prompt_policy)
         self.metrics = Metrics()
         self.health = health.HealthServicer()
         # a dp-planned artifact (dp2xtp2) is served as dp replicas unless --replicas says otherwise

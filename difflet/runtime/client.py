@@ -1,8 +1,8 @@
 """A small gRPC client for `difflet.v1.Difflet`: generate, get the profile, wait for SERVING.
 
 Invariants:
-- Unset optional fields (steps, guidance) are left unset so the server applies its profile's
-  defaults; height/width 0 mean the same.
+- Request fields are request.Request's (the proto's names); one given as None is left unset, so
+  the server applies its default (height/width 0 mean the same).
 - `wait_serving` waits on the server's own health stream (no polling sleeps).
 - `generate_stream` yields the server's events (queued, progress, result) as they come.
 - `truncation_notice(reply)` is one line naming each encoder that cut the prompt, or None.
@@ -16,6 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from difflet.runtime import difflet_pb2 as pb
 from difflet.runtime import difflet_pb2_grpc as pb_grpc
+from difflet.runtime.request import from_arguments, with_arguments
 from difflet.runtime.service import SERVICE_NAME
 
 MAX_MESSAGE = 256 * 1024 * 1024  # replies carry PNG/MP4 bytes; real profiles exceed gRPC's 4 MiB default
@@ -63,19 +64,9 @@ def channel(server: str, api_key: str | None = None, tls_ca: str | None = None) 
     return grpc.intercept_channel(ch, _BearerKey(api_key)) if api_key else ch
 
 
-def make_request(prompt: str, seed: int = 0, *, steps: int | None = None,
-                 guidance: float | None = None, height: int = 0, width: int = 0,
-                 request_id: str = "", cache: str = "",
-                 negative_prompt: str | None = None, frames: int = 0) -> pb.GenerateRequest:
-    request = pb.GenerateRequest(prompt=prompt, seed=seed, height=height, width=width,
-                                 request_id=request_id, cache=cache, frames=frames)
-    if negative_prompt is not None:
-        request.negative_prompt = negative_prompt
-    if steps is not None:
-        request.steps = steps
-    if guidance is not None:
-        request.guidance = guidance
-    return request
+def make_request(prompt: str, seed: int = 0, **fields) -> pb.GenerateRequest:
+    """A GenerateRequest of request fields (request.Request's names; None = leave it unset)."""
+    return pb.GenerateRequest(prompt=prompt, seed=seed, **{k: v for k, v in fields.items() if v is not None})
 
 
 def generate(server: str, prompt: str, seed: int = 0, *, timeout: float | None = None,
@@ -150,13 +141,13 @@ class Client:
         self.server, self.timeout = server, timeout
         self._auth = {"api_key": api_key, "tls_ca": tls_ca}
 
-    def generate(self, prompt: str, negative_prompt: str | None = None, *, seed: int = 0,
-                 num_inference_steps: int | None = None, guidance_scale: float | None = None,
-                 height: int = 0, width: int = 0, num_frames: int = 0, cache: str = "",
-                 request_id: str = "") -> pb.GenerateReply:
-        return generate(self.server, prompt, seed, timeout=self.timeout, steps=num_inference_steps,
-                        guidance=guidance_scale, height=height, width=width, frames=num_frames, cache=cache,
-                        request_id=request_id, negative_prompt=negative_prompt, **self._auth)
+    @with_arguments
+    def generate(self, prompt: str, negative_prompt: str | None = None, **arguments) -> pb.GenerateReply:
+        """One Generate call; `arguments` are the request's other fields, by their Python API
+        names (seed, num_inference_steps, guidance_scale, height, width, num_frames, cache, ...)."""
+        fields = from_arguments(arguments, "generate")
+        return generate(self.server, prompt, timeout=self.timeout, negative_prompt=negative_prompt,
+                        **fields, **self._auth)
 
     def profile(self) -> pb.Profile:
         return get_profile(self.server, self.timeout, **self._auth)

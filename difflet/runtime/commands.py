@@ -4,7 +4,8 @@ Invariants: torch and grpc are imported inside command bodies; a gRPC failure is
 line, exit 2 for INVALID_ARGUMENT (the user's request was wrong), exit 1 for anything else.
 `difflet generate` calls GenerateStream and draws its progress on stderr only when stderr is a
 terminal (or --progress), so scripts and logs get just the result line; a prompt the server
-truncated adds one "note: truncated ..." line on stderr.
+truncated adds one "note: truncated ..." line on stderr. Its request options are derived from
+request.Request (one --NAME per field).
 """
 from __future__ import annotations
 
@@ -14,33 +15,35 @@ from pathlib import Path
 import click
 
 from difflet.runtime.demo import MODELS as DEMO_MODELS  # stdlib-only module: no torch at CLI start
+from difflet.runtime.request import FIELDS
+
+
+def request_options(command):
+    """One option per request field but the prompt (request.FIELDS): --NAME, its type, default
+    and doc; the server checks the values (a bad one exits 2, as INVALID_ARGUMENT)."""
+    for f in reversed(FIELDS):
+        if f.name != "prompt":
+            command = click.option(f"--{f.name.replace('_', '-')}", f.name, type=f.kind, default=f.default,
+                                   show_default=f.name == "seed", help=f.doc)(command)
+    return command
 
 
 @click.command()
 @click.argument("prompt")
 @click.option("--server", required=True, help="HOST:PORT of a difflet-runtime")
-@click.option("--seed", default=0, show_default=True, type=int)
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
               help="file to write: a PNG (image models) or an MP4 (video models)")
-@click.option("--negative-prompt", default=None,
-              help="true-CFG models: the negative prompt (default: the model family's)")
-@click.option("--steps", type=int, default=None, help="denoising steps (default: the profile's)")
-@click.option("--guidance", type=float, default=None, help="guidance scale (default: the profile's)")
-@click.option("--height", type=int, default=0, help="one of the served sizes (0 = the default size)")
-@click.option("--width", type=int, default=0, help="one of the served sizes (0 = the default size)")
-@click.option("--frames", type=int, default=0, help="video: a served frame count (0 = the default)")
+@request_options
 @click.option("--timeout", type=click.FloatRange(0, min_open=True), default=600.0,
               show_default=True, help="deadline in seconds (queue time included)")
-@click.option("--cache", default="", help="step-cache override (default: the server's mode)")
 @click.option("--progress/--no-progress", default=None,
               help="draw a progress bar on stderr (default: when stderr is a terminal)")
 @click.option("--api-key", envvar="DIFFLET_API_KEY", default=None,
               help="the server's API key [env DIFFLET_API_KEY]")
 @click.option("--tls-ca", default=None, type=click.Path(dir_okay=False, exists=True),
               help="connect over TLS, trusting this PEM CA certificate")
-def generate(prompt: str, server: str, seed: int, output: str, negative_prompt: str | None, steps,
-             guidance, height: int, width: int, frames: int, timeout: float, cache: str, progress: bool | None,
-             api_key: str | None, tls_ca: str | None) -> None:
+def generate(prompt: str, server: str, output: str, timeout: float, progress: bool | None,
+             api_key: str | None, tls_ca: str | None, **fields) -> None:
     """Generate one image (PNG) or video (MP4) on a running difflet-runtime and write it."""
     import grpc
 
@@ -49,10 +52,8 @@ def generate(prompt: str, server: str, seed: int, output: str, negative_prompt: 
     bar = ProgressBar(enabled=sys.stderr.isatty() if progress is None else progress)
     reply = None
     try:
-        for event in client.generate_stream(server, prompt, seed, steps=steps, guidance=guidance,
-                                            height=height, width=width, frames=frames, cache=cache,
-                                            negative_prompt=negative_prompt, timeout=timeout,
-                                            api_key=api_key, tls_ca=tls_ca):
+        for event in client.generate_stream(server, prompt, timeout=timeout, api_key=api_key,
+                                            tls_ca=tls_ca, **fields):
             if event.HasField("progress"):
                 bar.update(event.progress.step, event.progress.total, event.progress.cached)
             elif event.HasField("result"):

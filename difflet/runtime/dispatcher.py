@@ -28,7 +28,8 @@ from collections import deque
 from typing import Any, Callable
 
 from difflet.runtime.jobs import Job
-from difflet.runtime.messages import Ready, run_fields
+from difflet.runtime.messages import Ready
+from difflet.runtime.request import Request
 from difflet.runtime.replica import Replica
 
 
@@ -86,10 +87,8 @@ class Dispatcher:
             r.stop()
 
     # ---- admission and answers (any thread)
-    def submit(self, fields: dict[str, Any], deadline: float | None) -> Job:
-        """Accept admission's `fields` (converted to `messages.RunFields`: an unknown or
-        mistyped field raises msgspec.ValidationError here, before anything is queued)."""
-        fields = run_fields(fields)
+    def submit(self, fields: Request, deadline: float | None) -> Job:
+        """Accept the request admission resolved (`Admission.check`)."""
         with self._lock:
             if self._closed:
                 raise Rejected("unavailable", "the server is shutting down")

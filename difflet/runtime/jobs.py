@@ -14,13 +14,13 @@ import threading
 import time
 from typing import Any
 
-from difflet.runtime.messages import RunFields
+from difflet.runtime.request import Request
 
 OUTCOMES = ("ok", "invalid", "internal", "cancelled", "deadline", "unavailable")
 
 
 class Job:
-    def __init__(self, fields: RunFields, deadline: float | None) -> None:
+    def __init__(self, fields: Request, deadline: float | None) -> None:
         self.fields = fields
         self.request_id: str = fields.request_id
         self.deadline = deadline  # time.monotonic() value, or None

@@ -4,14 +4,15 @@ One definition per message; torch-free (both processes import it). Each message 
 Struct (the tag is its kind), so the receiver decodes with a tagged Union: an unknown kind, a
 missing field or a field of the wrong type is a `msgspec.ValidationError`, never a default.
 
-  API -> model:  Run(seq, fields: RunFields) | Cancel(seq) | Stop
+  API -> model:  Run(seq, fields: Request) | Cancel(seq) | Stop
   model -> API:  Ready(pid, load_s, warm_up_s, compiles) | Failed(kind, message)   once, at start
                  Step(seq, step, total, cached)                                    after each step
                  Done(seq, result: Result) | Error(seq, kind, message) | Cancelled(seq)
 
 Invariants:
-- `RunFields` is exactly what `admission.Admission.check` returns (converted once, when the
-  dispatcher accepts the request; an unknown key is an error there, not dropped on the way).
+- `Run.fields` is exactly the `request.Request` that `admission.Admission.check` returned:
+  valid and resolved once, in the API process; decoding it still checks every field's type and
+  declared range (msgspec applies the schema's Meta), so a malformed one never runs.
 - What the API process computes about a request itself (e.g. a prompt-truncation report)
   stays in the API process (on the Job / the reply) and does not cross the pipe.
 - `Result` carries no tensors: the encoded output (png or mp4) and plain numbers only.
@@ -22,20 +23,7 @@ from typing import Union
 
 import msgspec
 
-
-class RunFields(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """One admitted request, as the runner's `resolve` takes it (`cache` None = server default)."""
-
-    prompt: str
-    seed: int
-    steps: int
-    guidance: float
-    height: int
-    width: int
-    request_id: str
-    cache: Union[str, None] = None
-    negative_prompt: Union[str, None] = None  # None: the family's default
-    frames: int = 0  # video models: 0 = the profile's frame count
+from difflet.runtime.request import Request
 
 
 class Result(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -61,7 +49,7 @@ class Result(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 class Run(msgspec.Struct, tag="run", frozen=True, forbid_unknown_fields=True):
     seq: int
-    fields: RunFields
+    fields: Request
 
 
 class Cancel(msgspec.Struct, tag="cancel", frozen=True, forbid_unknown_fields=True):
@@ -129,7 +117,3 @@ def decode_to_api(data: bytes) -> ToApi:
     """A message for the API process; msgspec.ValidationError if it is not one."""
     return _to_api.decode(data)
 
-
-def run_fields(fields: dict) -> RunFields:
-    """Admission's field dict as `RunFields`; msgspec.ValidationError names a bad/unknown key."""
-    return msgspec.convert(fields, RunFields)

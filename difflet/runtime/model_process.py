@@ -37,8 +37,6 @@ import threading
 import time
 from typing import Any, Callable
 
-import msgspec
-
 from difflet.runtime import messages as msg
 
 EXIT_BROKEN_PROGRAM = 70  # a split program's rank worker died or failed: its ranks are unusable
@@ -113,7 +111,7 @@ def _run(conn, runner, run: msg.Run, should_stop: Callable, compiles: list[int],
         _send(conn, msg.Step(seq, int(step) + 1, int(total), bool(cached)))
 
     try:
-        params = runner.resolve(**msgspec.structs.asdict(fields))
+        params = runner.admitted(fields)  # validated once, in the API process
         result = runner.generate(params, on_step=on_step, should_stop=should_stop)
     except Cancelled:
         _send(conn, msg.Cancelled(seq))

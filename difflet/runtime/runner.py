@@ -1,13 +1,17 @@
 """The model runner: loads one serving profile's programs once, runs the host schedule per request.
 
 Invariants:
-- Independent of gRPC (a later issue moves it into its own process): it takes and returns
-  plain Python values and raises DiffletError for bad requests.
+- Independent of gRPC: it runs in the model process (model_process.py) and in the Python API's
+  own process (pipeline.py); it takes and returns plain Python values and raises DiffletError
+  for bad requests.
+- `resolve(**values)` validates a request against the served sizes (validate.resolve_request);
+  `admitted(request)` takes one the API process already validated and only resolves its cache
+  plan, so nothing is checked twice. `generate` takes either's result as is.
 - At most `max_batch` requests run at once (default 1: one at a time), each on its caller's
   thread with fresh `RequestState` via `run_schedule`; with batch buckets their denoiser calls
   of one size meet in that size's BatchGate (runtime/batching.py) and run as batched calls.
 - `warm_up()` must pass (finite, right shape, not constant) before a server reports SERVING.
-- Step caching: the server default mode (`cache=`) and a request's override (`resolve(cache=)`)
+- Step caching: the server default mode (`cache=`) and a request's override (its `cache`)
   are resolved into an immutable `CachePlan` before the request runs; the loop builds fresh
   caching state from it per request. `stats` reports denoiser_calls and cached_steps.
 - `generate(on_step=, should_stop=)`: on_step(step_index, total_steps, cached) after every
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -33,9 +37,10 @@ from difflet.errors import DiffletError
 from difflet.ir.nodes import Module
 from difflet.runtime.media import encode_output
 from difflet.runtime.host.env import GenerateParams, HostEnv
+from difflet.runtime.request import Request
 from difflet.runtime.schedule import check_schedule, run_schedule
 from difflet.runtime.validate import resolve_request
-from difflet.stepcache.plan import OFF, CachePlan, PlanResolver, StepHooks
+from difflet.stepcache.plan import PlanResolver, StepHooks
 
 WARM_UP_PROMPT = "a warm-up image of a lighthouse at dusk"
 
@@ -55,13 +60,6 @@ class GenerateResult:
     def media(self) -> tuple[bytes, str]:
         """(bytes, "png" | "mp4") of the output."""
         return (self.png, "png") if self.video is None else (self.mp4, "mp4")
-
-
-@dataclass(frozen=True)
-class RequestParams(GenerateParams):
-    """GenerateParams plus the request's resolved step-cache plan."""
-
-    cache: CachePlan = OFF
 
 
 def tie_keys(module: Module, manifest: Manifest | None) -> dict:
@@ -133,19 +131,24 @@ class ModelRunner:
     def profile(self) -> dict[str, Any]:
         return self.env.profile.to_python()
 
-    def resolve(self, cache: str | None = None, **fields: Any) -> RequestParams:
-        """Validate a request; `cache` None = the server's default mode (errors name `cache`)."""
-        params = resolve_request(self.env.profile, **fields, sizes=tuple(self.envs))
-        plan = self.default_cache if cache is None else self._plans.resolve(cache, "cache")
-        return RequestParams(**asdict(params), cache=plan)
+    def resolve(self, **values: Any) -> GenerateParams:
+        """Validate a request's field values (None = not given; `cache` unset = the server's
+        default mode) against the served sizes; errors name the field."""
+        return self.admitted(resolve_request(self.env.profile, tuple(self.envs), **values))
+
+    def admitted(self, request: Request) -> GenerateParams:
+        """A request already validated against these served sizes, with its step-cache plan
+        (a calibration file's ties are checked here: errors name `cache`)."""
+        plan = self._plans.resolve(request.cache, "cache") if request.cache else self.default_cache
+        return GenerateParams(request, plan)
 
     def generate(self, params: GenerateParams, on_step: Callable[[int, int, bool], Any] | None = None,
                  should_stop: Callable[[], bool] | None = None) -> GenerateResult:
         return self._run(params, StepHooks(on_step, should_stop))[1]
 
     def _run(self, params: GenerateParams, hooks: StepHooks = StepHooks()):
-        if not isinstance(params, RequestParams):
-            params = RequestParams(**asdict(params), cache=self.default_cache)
+        if params.cache is None:
+            params = replace(params, cache=self.default_cache)
         env = self._env_of(params)
         with self._slots:
             start = time.perf_counter()
@@ -161,16 +164,13 @@ class ModelRunner:
         return state, GenerateResult(params, state.image, png, timings, stats, state.video, mp4, state.fps)
 
     def _env_of(self, params: GenerateParams) -> HostEnv:
+        """The env of a resolved request's size (resolve/admission checked that it is served)."""
         if len(self.envs) == 1:
             return self.env
         from difflet.ir.buckets import size_of
 
-        size = size_of({**self.env.profile.to_python(), "height": params.height, "width": params.width,
-                        **({"frames": params.frames} if params.frames else {})})
-        if size not in self.envs:
-            raise DiffletError(f"height/width: {params.width}x{params.height} is not a served size "
-                               f"(served: {', '.join(self.envs)})", where="height")
-        return self.envs[size]
+        return self.envs[size_of({**self.env.profile.to_python(), "height": params.height,
+                                  "width": params.width, **({"frames": params.frames} if params.frames else {})})]
 
     def close(self) -> None:
         """Stop what the programs hold outside this process (split programs' rank workers)."""

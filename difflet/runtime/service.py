@@ -2,11 +2,11 @@
 GetProfile). Runs in the API process; torch-free.
 
 Invariants:
-- The servicer only translates: proto request -> `Admission.check` -> `Dispatcher.submit` ->
-  wait for the job's answer -> proto reply. Validation errors are INVALID_ARGUMENT with the
-  field-named message as details (and never reach the queue); a full queue is
-  RESOURCE_EXHAUSTED at once; before the first warm-up passed, after recovery failed, or
-  during shutdown, UNAVAILABLE.
+- The servicer only translates: proto request (request.Request's fields, by the same names)
+  -> `Admission.check` -> `Dispatcher.submit` -> wait for the job's answer -> proto reply.
+  Validation errors are INVALID_ARGUMENT with the field-named message as details (and never
+  reach the queue); a full queue is RESOURCE_EXHAUSTED at once; before the first warm-up
+  passed, after recovery failed, or during shutdown, UNAVAILABLE.
 - The deadline of a request is the earlier of the gRPC deadline and --request-timeout, counted
   from admission (queue time included). The handler itself answers DEADLINE_EXCEEDED when it
   passes, whatever the model process is doing; the dispatcher then asks the process to stop.
@@ -27,6 +27,7 @@ from difflet.ir.buckets import base_name
 from difflet.runtime import difflet_pb2 as pb
 from difflet.runtime import difflet_pb2_grpc as pb_grpc
 from difflet.runtime.dispatcher import Rejected
+from difflet.runtime.request import FIELDS
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Difflet"].full_name  # "difflet.v1.Difflet"
 _PROFILE_FIELDS = ("height", "width", "steps", "guidance", "max_text", "dtype")
@@ -40,6 +41,11 @@ _NO_DEADLINE = 1e8  # time_remaining() of a call without a deadline is huge or N
 log = logging.getLogger("difflet.runtime")
 
 
+def request_values(request: pb.GenerateRequest) -> dict:
+    """The schema's fields of a GenerateRequest (an unset `optional` one is None: not given)."""
+    return {f.name: getattr(request, f.name) for f in FIELDS if not f.optional or request.HasField(f.name)}
+
+
 class DiffletServicer(pb_grpc.DiffletServicer):
     """Translates calls; `admission`, `dispatcher` and `serving_state` are set by the server."""
 
@@ -51,13 +57,7 @@ class DiffletServicer(pb_grpc.DiffletServicer):
     # ---- admission
     def _admit(self, request: pb.GenerateRequest, context: grpc.ServicerContext):
         try:
-            fields, cuts = self.admission.admit(
-                prompt=request.prompt, seed=request.seed,
-                steps=request.steps if request.HasField("steps") else None,
-                guidance=request.guidance if request.HasField("guidance") else None,
-                height=request.height, width=request.width, request_id=request.request_id,
-                cache=request.cache, frames=request.frames,
-                negative_prompt=request.negative_prompt if request.HasField("negative_prompt") else None)
+            fields, cuts = self.admission.admit(**request_values(request))
         except DiffletError as err:
             self.metrics.rejected("invalid_argument")
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, err.message)

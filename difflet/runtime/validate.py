@@ -1,59 +1,68 @@
-"""Request validation against the serving profile: raw request fields -> `GenerateParams`.
+"""Request validation against the serving profile: field values -> a resolved `Request`.
 
 Invariants:
+- Types and ranges are the schema's (request.check); this module adds what depends on the
+  profile: defaults, the served sizes, and the cache mode's syntax (the step-cache package's own
+  parser decides, so the API process and the runner never disagree).
 - Every rejection is a `DiffletError` whose `where` is the offending field name and whose
   message starts with that name (so gRPC details read "height: 64 does not match ...").
 - Image size is compiled in: height/width must be the profile's (0 or None = the default) or,
-  for an artifact with shape buckets, one of its served sizes ("WxH"; a video's frame count
-  stays the profile's).
-- steps and guidance are host values: any steps in [1, 1000], any finite guidance >= 0.
+  for an artifact with shape buckets, one of its served sizes ("WxH"; a video's frame count,
+  0 = the profile's at the default size, else the first one served at that size).
+- The result has every default resolved: it is what the model process runs, unchecked again.
 """
 from __future__ import annotations
 
-import math
 import uuid
 from typing import Any, Mapping, Sequence
 
-from difflet.errors import DiffletError
-from difflet.runtime.host.env import GenerateParams
+import msgspec
 
-MAX_STEPS = 1000
-MAX_SEED = 2**63 - 1
+from difflet.errors import DiffletError
+from difflet.runtime.request import Request, check
+
+SIZE_FIELDS = ("height", "width", "frames")
 
 
 def _fail(field: str, message: str) -> DiffletError:
     return DiffletError(f"{field}: {message}", where=field)
 
 
-def _size(field: str, value: int | None, profile: Mapping[str, Any]) -> int:
+def check_cache_mode(mode: str, field: str = "cache") -> str:
+    """The syntax and ranges of a cache mode string (the step-cache package's parser); returns it
+    stripped."""
+    from difflet.stepcache.modes import parse_mode
+
+    mode = mode.strip()
+    parse_mode(mode, field)
+    return mode
+
+
+def _size(field: str, value: int, profile: Mapping[str, Any]) -> int:
     expected = int(profile[field])
-    if value is None or value == 0:
-        return expected
-    if value != expected:
+    if value and value != expected:
         raise _fail(field, f"{value} does not match the serving profile ({expected}); the image "
                            f"size is compiled in, so serve another profile for other sizes")
     return expected
 
 
-def _bucket_size(height: int | None, width: int | None, frames: int | None, profile: Mapping[str, Any],
-                 sizes: Sequence[str]) -> tuple[int, int, int]:
-    """(height, width, frames) of a request to a bucketed artifact: 0/None takes the default's."""
-    h = int(height or profile["height"])
-    w = int(width or profile["width"])
+def _bucket_size(h: int, w: int, f: int, profile: Mapping[str, Any], sizes: Sequence[str]) -> tuple[int, int, int]:
+    """(height, width, frames) of a request to a bucketed artifact: 0 takes the default's."""
+    h, w = h or int(profile["height"]), w or int(profile["width"])
     served = [tuple(int(x) for x in s.split("x")) for s in sizes]
     if (w, h) not in {s[:2] for s in served}:
         field = "width" if w not in {s[0] for s in served} else "height"
         raise _fail(field, f"{w}x{h} (width x height) is not a served size; served: {', '.join(sizes)}")
     if "frames" not in profile:
         return h, w, 0
-    f = int(frames or profile["frames"])
-    if (w, h, f) not in served:
-        counts = ", ".join(str(s[2]) for s in served if s[:2] == (w, h))
-        raise _fail("frames", f"{f} frames are not served at {w}x{h} (served: {counts})")
-    return h, w, f
+    counts = [s[2] for s in served if s[:2] == (w, h)]
+    default = int(profile["frames"]) if (w, h) == (int(profile["width"]), int(profile["height"])) else counts[0]
+    if (f or default) not in counts:
+        raise _fail("frames", f"{f or default} frames are not served at {w}x{h} (served: {', '.join(map(str, counts))})")
+    return h, w, f or default
 
 
-def _frames(frames: int | None, profile: Mapping[str, Any]) -> int:
+def _frames(frames: int, profile: Mapping[str, Any]) -> int:
     if "frames" not in profile:
         if frames:
             raise _fail("frames", f"{frames}: this model makes images, not videos")
@@ -65,31 +74,18 @@ def _frames(frames: int | None, profile: Mapping[str, Any]) -> int:
     return expected
 
 
-def resolve_request(profile: Mapping[str, Any], *, prompt: str, seed: int, steps: int | None = None,
-                    guidance: float | None = None, height: int | None = None,
-                    width: int | None = None, request_id: str = "",
-                    negative_prompt: str | None = None, sizes: Sequence[str] = (),
-                    frames: int | None = None) -> GenerateParams:
-    """Check one request against `profile` (and the served `sizes` of a bucketed artifact) and
-    fill defaults; raises DiffletError naming the field."""
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise _fail("prompt", "must be a non-empty string")
-    if not 0 <= int(seed) <= MAX_SEED:
-        raise _fail("seed", f"{seed} is outside [0, {MAX_SEED}]")
-    steps = int(profile["steps"]) if steps is None else int(steps)
-    if not 1 <= steps <= MAX_STEPS:
-        raise _fail("steps", f"{steps} is outside [1, {MAX_STEPS}]")
-    guidance = float(profile["guidance"]) if guidance is None else float(guidance)
-    if not math.isfinite(guidance) or guidance < 0:
-        raise _fail("guidance", f"{guidance} must be finite and >= 0")
-    if negative_prompt is not None and not isinstance(negative_prompt, str):
-        raise _fail("negative_prompt", "must be a string")
+def resolve_request(profile: Mapping[str, Any], sizes: Sequence[str] = (), **values: Any) -> Request:
+    """Check one request (field values; None = not given) against `profile` and the served `sizes`
+    of a bucketed artifact, and fill defaults; raises DiffletError naming the field."""
+    request = check(values)
     if len(sizes) > 1:
-        height, width, frames = _bucket_size(height, width, frames, profile, sizes)
+        height, width, frames = _bucket_size(request.height, request.width, request.frames, profile, sizes)
     else:
-        height, width = _size("height", height, profile), _size("width", width, profile)
-        frames = _frames(frames, profile)
-    return GenerateParams(
-        negative_prompt=negative_prompt, prompt=prompt, seed=int(seed), steps=steps, guidance=guidance,
-        height=height, width=width, request_id=request_id or uuid.uuid4().hex[:16], frames=frames,
-    )
+        height, width = _size("height", request.height, profile), _size("width", request.width, profile)
+        frames = _frames(request.frames, profile)
+    return msgspec.structs.replace(
+        request, height=height, width=width, frames=frames,
+        steps=int(profile["steps"]) if request.steps is None else request.steps,
+        guidance=float(profile["guidance"]) if request.guidance is None else request.guidance,
+        request_id=request.request_id or uuid.uuid4().hex[:16],
+        cache=check_cache_mode(request.cache) if request.cache.strip() else "")

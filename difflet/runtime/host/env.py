@@ -16,21 +16,22 @@ from typing import Any, Callable, Mapping
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Module, Node, Op
 from difflet.runtime.host import PHASES
+from difflet.runtime.request import Request
 
 
 @dataclass(frozen=True)
 class GenerateParams:
-    """One validated request; every field resolved (no "use the default" markers left)."""
+    """One validated request as the host steps read it: `params.prompt`, `params.steps`, ... are
+    the resolved `request.Request`'s fields (no "use the default" markers left; negative_prompt
+    None = the family's default); `cache` is its step-cache plan (None = off)."""
 
-    prompt: str
-    seed: int
-    steps: int
-    guidance: float
-    height: int
-    width: int
-    request_id: str = ""
-    negative_prompt: str | None = None  # true-CFG families: None = the family's default ("" or " ")
-    frames: int = 0  # video models: the frame count (resolved: never 0 for a video); images: 0
+    request: Request
+    cache: Any = None  # a stepcache.plan.CachePlan
+
+    def __getattr__(self, name: str) -> Any:  # only for names not found above: the request's fields
+        if name == "request":  # not set yet (copy/unpickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.request, name)
 
 
 @dataclass

@@ -5,9 +5,9 @@ the request field (`param`) in the HTTP API's own vocabulary (num_inference_step
 """
 from __future__ import annotations
 
-# Admission's field names -> the HTTP field a client sent
-PARAM_NAMES = {"steps": "num_inference_steps", "guidance": "guidance_scale", "height": "size",
-               "width": "size"}
+from difflet.runtime.request import names
+
+PARAM_NAMES = names("http")  # Admission's field names -> the HTTP field a client sent
 # a finished Job's code -> (HTTP status, OpenAI error type)
 JOB_STATUS = {"invalid": (400, "invalid_request_error"), "internal": (500, "server_error"),
               "cancelled": (409, "request_cancelled"), "deadline": (504, "timeout"),

@@ -1,13 +1,14 @@
-"""HTTP request bodies -> the keyword arguments of `Admission.check`, each field type-checked.
+"""HTTP request bodies -> the field values `Admission.admit` takes, in the HTTP API's names.
 
 Invariants:
-- Every refusal is a 400 `ApiError` whose `param` is the field as the client spelled it.
-- The served shape is compiled in: `size` ("WxH") must be one of the served sizes (an artifact
-  with shape buckets has several), `num_frames`, `seconds` and `fps` must match the profile (or
-  be left out); everything else is checked by the gRPC path's Admission.
-- Unknown fields are refused by name (a typo such as "steps" must not be silently ignored);
-  OpenAI's presentation-only fields in IGNORED are accepted and have no effect.
-- `seed` left out = a fresh random seed per image, reported back in each reply item.
+- The request fields and their HTTP names are request.Request's ("http" spelling): each body
+  field is handed to admission unchanged, which checks type, range and served size once (for
+  gRPC too); `refusal` turns its error into a 400 naming the field as the client spelled it.
+- Only what is HTTP's own is checked here: the body's shape, unknown fields (a typo such as
+  "steps" must not be silently ignored; OpenAI's presentation-only fields in IGNORED are accepted
+  and have no effect), `model`, the `size` text ("WxH"), `seed`'s type (absent = a fresh random
+  seed per image, reported back in each reply item; image i of n takes seed + i), the reply
+  options, a video's `fps` (the model's) and `seconds` (a frame count at that rate).
 """
 from __future__ import annotations
 
@@ -15,19 +16,21 @@ import math
 import secrets
 from typing import Any
 
-from difflet.runtime.http.errors import ApiError, bad_field
+from difflet.errors import DiffletError
+from difflet.runtime.http.errors import ApiError, bad_field, from_admission
+from difflet.runtime.request import FIELDS, names
 
 MAX_N = 10
 IMAGE_FORMATS = ("png", "jpeg", "webp")
 IGNORED = ("user", "quality", "style", "background", "moderation")
-COMMON = ("prompt", "model", "size", "seed", "num_inference_steps", "guidance_scale",
-          "negative_prompt", "cache")
+HTTP_NAME = names("http")  # request field -> its body field ("size" carries height and width)
+VIDEO_ONLY = ("frames",)
+COMMON = ("model", *dict.fromkeys(n for f, n in HTTP_NAME.items() if f not in VIDEO_ONLY))
 IMAGE_FIELDS = COMMON + ("n", "response_format", "output_format", "stream") + IGNORED
-VIDEO_FIELDS = COMMON + ("seconds", "num_frames", "fps") + IGNORED
+VIDEO_FIELDS = COMMON + tuple(HTTP_NAME[f] for f in VIDEO_ONLY) + ("seconds", "fps") + IGNORED
 
-
-FORM_INTS = ("n", "seed", "num_inference_steps", "num_frames")
-FORM_NUMBERS = ("guidance_scale", "fps", "timeout")
+FORM_INTS = ("n", *(HTTP_NAME[f.name] for f in FIELDS if f.kind is int and HTTP_NAME.get(f.name, "size") != "size"))
+FORM_NUMBERS = ("fps", "timeout", *(HTTP_NAME[f.name] for f in FIELDS if f.kind is float and f.name in HTTP_NAME))
 
 
 def form_fields(content_type: str, raw: bytes) -> dict[str, Any]:
@@ -82,38 +85,38 @@ def _common(body: Any, info, allowed: tuple[str, ...]) -> dict[str, Any]:
     for name in body:
         if name not in allowed:
             raise bad_field(name, f"unknown field (accepted: {', '.join(allowed)})")
-    prompt = _type(body, "prompt", (str,), "a string")
-    if prompt is None:
-        raise bad_field("prompt", "is required")
     model = _type(body, "model", (str,), "a string")
     if model is not None and model != served_model(info):
         raise ApiError(404, f"model: {model!r} is not served here (this server serves "
                             f"{served_model(info)!r})", "invalid_request_error", "model", "model_not_found")
-    profile = info.profile
-    height, width = int(profile["height"]), int(profile["width"])
-    served = [s.split("x")[:2] for s in info.manifest.sizes]  # [width, height] text pairs, default first
-    listed = ", ".join(f"{w}x{h}" for w, h in served)
+    values = {f: body.get(n) for f, n in HTTP_NAME.items() if n in allowed and n != "size"}
     size = _type(body, "size", (str,), 'a string "WIDTHxHEIGHT"')
     if size is not None and size != "auto":
         w, sep, h = size.partition("x")
         if not (sep and w.isdigit() and h.isdigit()):
+            listed = ", ".join("x".join(s.split("x")[:2]) for s in info.manifest.sizes)
             raise bad_field("size", f"{size!r} is not WIDTHxHEIGHT (this server serves {listed})")
-        if [w, h] not in served:
-            raise bad_field("size", f"{size} is not served: sizes are compiled in, this server "
-                                    f"serves {listed}")
-        width, height = int(w), int(h)
+        values["width"], values["height"] = int(w), int(h)
     seed = _type(body, "seed", (int,), "an integer")
-    steps = _type(body, "num_inference_steps", (int,), "an integer")
-    guidance = _number(body, "guidance_scale")
-    negative = _type(body, "negative_prompt", (str,), "a string")
-    cache = _type(body, "cache", (str,), "a string")
-    return {"prompt": prompt, "seed": secrets.randbelow(2**31) if seed is None else seed,
-            "steps": steps, "guidance": None if guidance is None else float(guidance),
-            "height": height, "width": width, "cache": cache or "", "negative_prompt": negative}
+    values["seed"] = secrets.randbelow(2**31) if seed is None else seed
+    return values
+
+
+def refusal(err: DiffletError, values: dict[str, Any], info, spelled: dict[str, str]) -> ApiError:
+    """Admission's refusal of `values` as a 400 in the HTTP API's words: a size as `size` (the
+    served list), a field the body spelled otherwise (`spelled`: field -> body field) by that name."""
+    if err.where in ("height", "width"):
+        p = info.profile
+        size = f"{values.get('width') or p['width']}x{values.get('height') or p['height']}"
+        listed = ", ".join("x".join(s.split("x")[:2]) for s in info.manifest.sizes)
+        return bad_field("size", f"{size} is not served: sizes are compiled in, this server serves {listed}")
+    if err.where in spelled:  # "seconds: frames: 64 does not match ..."
+        return bad_field(spelled[err.where], err.message)
+    return from_admission(err)
 
 
 def image_request(body: Any, info) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(Admission.check kwargs without request_id, reply options {n, response_format, output_format, stream})."""
+    """(Admission.admit values without request_id, reply options {n, response_format, output_format, stream})."""
     fields = _common(body, info, IMAGE_FIELDS)
     n = _type(body, "n", (int,), "an integer")
     if n is not None and not 1 <= n <= MAX_N:
@@ -129,28 +132,26 @@ def image_request(body: Any, info) -> tuple[dict[str, Any], dict[str, Any]]:
                     "stream": stream}
 
 
-def video_request(body: Any, info, fps: float) -> dict[str, Any]:
-    """Admission.check kwargs (without request_id) of a `POST /v1/videos` body."""
+def video_request(body: Any, info, fps: float) -> tuple[dict[str, Any], dict[str, str]]:
+    """(Admission.admit values without request_id, {field: body field} for a field set from
+    another body field) of a `POST /v1/videos` body; `seconds` sets the frame count at `fps`."""
     fields = _common(body, info, VIDEO_FIELDS)
-    size = f"{fields['width']}x{fields['height']}"
-    served = [int(s.rsplit("x", 1)[1]) for s in info.manifest.sizes if s.rsplit("x", 1)[0] == size]
-    frames = served[0] if size != f"{info.profile['width']}x{info.profile['height']}" else int(info.profile["frames"])
-    num_frames = _type(body, "num_frames", (int,), "an integer")
-    if num_frames is not None and num_frames not in served:
-        raise bad_field("num_frames", f"{num_frames} is not served: the frame count is compiled in, "
-                                      f"this server serves {', '.join(map(str, served))} at {size}")
-    frames = num_frames if num_frames is not None else frames
-    fields["frames"] = frames
     rate = _number(body, "fps")
     if rate is not None and rate != fps:
         raise bad_field("fps", f"{rate:g} is not served: this model writes {fps:g} fps")
     seconds = _type(body, "seconds", (str, int, float), "a number of seconds")
-    if seconds is not None:
-        try:
-            value = float(seconds)
-        except ValueError:
-            raise bad_field("seconds", f"{seconds!r} is not a number") from None
-        if abs(value - frames / fps) > 0.5 / fps:  # half a frame: the served length, in any spelling
-            raise bad_field("seconds", f"{seconds} is not served: this server makes {frames} frames "
-                                       f"at {fps:g} fps ({frames / fps:g} s)")
-    return fields
+    if seconds is None:
+        return fields, {}
+    try:
+        value = float(seconds)
+    except ValueError:
+        raise bad_field("seconds", f"{seconds!r} is not a number") from None
+    frames = round(value * fps) if math.isfinite(value) else 0  # the nearest frame count: any spelling
+    if frames < 1:
+        raise bad_field("seconds", f"{seconds} is not a positive length")
+    given = fields.get("frames")
+    if given is not None and given != frames:
+        raise bad_field("seconds", f"{seconds} is not {HTTP_NAME['frames']} {given} at {fps:g} fps "
+                                   f"({given / fps:g} s)")
+    fields["frames"] = frames
+    return fields, {} if given is not None else {"frames": "seconds"}

@@ -3,7 +3,8 @@
 Invariants:
 - The API key (when set) is checked from the headers before the body is read; a refused
   request never reaches admission (401 and the connection is closed).
-- Images mirror `DiffletServicer.Generate`: Admission.admit -> Dispatcher.submit -> wait until
+- Images mirror `DiffletServicer.Generate`: Admission.admit (the only check of the request's
+  fields, refusals phrased by fields.refusal) -> Dispatcher.submit -> wait until
   answered or the deadline (then Dispatcher.expire) -> reply; a client that disconnects while
   it waits cancels its job (plain-text connections; see docs/serving.md). `stream: true`
   answers Server-Sent Events: one per step, then the completed image.
@@ -28,7 +29,7 @@ from urllib.parse import urlsplit
 from difflet.errors import DiffletError
 from difflet.runtime.dispatcher import Rejected
 from difflet.runtime.http import fields as F
-from difflet.runtime.http.errors import ApiError, bad_field, from_admission, from_job, from_rejected
+from difflet.runtime.http.errors import ApiError, bad_field, from_job, from_rejected
 from difflet.runtime.http.video_routes import VideoRoutes
 
 log = logging.getLogger("difflet.runtime")  # the gRPC servicer's logger: one log for both fronts
@@ -160,14 +161,15 @@ class Handler(VideoRoutes, BaseHTTPRequestHandler):
         self._json(200, {"object": "list", "data": [self.api.model_card()]})
 
     # ---- admission, shared by images and videos
-    def _submit(self, fields: dict, request_id: str, timeout):
-        """The admitted job; what admission cut of its prompt is logged and kept for the reply."""
+    def _submit(self, fields: dict, request_id: str, timeout, spelled: dict | None = None):
+        """The admitted job; what admission cut of its prompt is logged and kept for the reply.
+        `spelled`: field -> the body field it came from, where that is another one."""
         api = self.api
         try:
             checked, cuts = api.admission.admit(**fields, request_id=request_id)
         except DiffletError as err:
             api.metrics.rejected("invalid_argument")
-            raise from_admission(err) from None
+            raise F.refusal(err, fields, api.info, spelled or {}) from None
         limits = [t for t in (timeout, api.request_timeout) if t]
         deadline = time.monotonic() + min(limits) if limits else None
         try:

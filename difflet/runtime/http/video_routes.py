@@ -20,10 +20,10 @@ class VideoRoutes:
                                 f"/v1/images/generations", param="model", code="wrong_route")
         body = self._body()
         timeout = self._parse(self._timeout, body)
-        fields = self._parse(F.video_request, body, api.info, api.fps)
-        job = self._submit(fields, api.new_id("video"), timeout)
-        video = api.videos.add(job, api.model_id, f"{fields['width']}x{fields['height']}",
-                               fields["frames"], api.fps)
+        fields, spelled = self._parse(F.video_request, body, api.info, api.fps)
+        job = self._submit(fields, api.new_id("video"), timeout, spelled)
+        video = api.videos.add(job, api.model_id, f"{job.fields.width}x{job.fields.height}",
+                               job.fields.frames, api.fps)
         self._json(200, video.to_json())
 
     def video_list(self, *_):

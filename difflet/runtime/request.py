@@ -1,0 +1,171 @@
+"""The one request schema: every per-request field of a generation, declared once in `Request`.
+
+Each field states its name, type, default, range and meaning (a msgspec `Meta`: ge/le,
+max_length, pattern, description) and, in `Meta.extra`, how the other faces spell it ("api": the
+Python API's and difflet.Client's keyword, diffusers' name; "http": the HTTP body field, "" = not
+on HTTP). Everything else is derived from it: the gRPC servicer's and the client's field lists,
+the HTTP body fields, the Python API's keyword arguments, the CLI's options, and the model-process
+message (messages.Run carries a `Request`); tests/test_request_schema.py checks difflet.proto's
+GenerateRequest against it, field by field, both ways.
+
+Invariants:
+- `check(values)` is the only type and range check of a field: a rejection is a DiffletError
+  whose `where` is the field and whose message starts with it ("steps: 0 is outside [1, 1000]").
+  A value None means "not given" (the field's default), on every face.
+- What depends on the serving profile (sizes, profile defaults, the cache mode's syntax) is
+  validate.resolve_request's; a `Request` that passed it has every default resolved (steps,
+  guidance, height, width, request_id; frames for a video), so the model process takes it as is.
+- Torch-free: the API process and the host steps both import it.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+import re
+from dataclasses import dataclass
+from typing import Annotated, Any, Callable, Mapping, Optional
+
+import msgspec
+from msgspec import Meta
+
+from difflet.errors import DiffletError
+
+MAX_SEED = 2**63 - 1
+
+
+class Request(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One generation request; unset markers (None, 0, "") mean the server's or profile's default."""
+
+    prompt: Annotated[str, Meta(pattern=r"\S", extra={"means": "a non-empty string"}, description=(
+        "the text to generate from; each text encoder truncates it at its compiled max_length"))]
+    seed: Annotated[int, Meta(ge=0, le=MAX_SEED, description=(
+        "seeds a CPU torch.Generator exactly like the reference pipeline"))] = 0
+    steps: Optional[Annotated[int, Meta(ge=1, le=1000, extra={"api": "num_inference_steps", "http":
+                    "num_inference_steps"}, description="denoising steps (default: the profile's)")]] = None
+    guidance: Optional[Annotated[float, Meta(ge=0, extra={"api": "guidance_scale", "http": "guidance_scale"},
+                       description="guidance scale (default: the profile's)")]] = None
+    height: Annotated[int, Meta(ge=0, extra={"http": "size"}, description=(
+        "one of the served sizes (0 = the default size)"))] = 0
+    width: Annotated[int, Meta(ge=0, extra={"http": "size"}, description=(
+        "one of the served sizes (0 = the default size)"))] = 0
+    frames: Annotated[int, Meta(ge=0, extra={"api": "num_frames", "http": "num_frames"}, description=(
+        "video: a frame count served at this size (0 = the size's default)"))] = 0
+    negative_prompt: Optional[Annotated[str, Meta(description=(
+        "true-CFG models: the negative prompt (default: the model family's)"))]] = None
+    cache: Annotated[str, Meta(description=(
+        "step-cache override: off | cadence:N | online-delta:ALPHA | calibrated:FILE[:THRESHOLD] "
+        "(default: the server's mode)"))] = ""
+    request_id: Annotated[str, Meta(max_length=128, pattern=r"^[ -~]*$", extra={
+        "means": "printable ASCII", "http": ""}, description=(
+        "echoed back; the server makes one when empty; unique among the requests in flight"))] = ""
+
+
+@dataclass(frozen=True)
+class Field:
+    """One `Request` field as the faces read it (derived from the Struct's declaration)."""
+
+    name: str
+    kind: type  # int | float | str
+    optional: bool  # None is a value of it (unset = the server's or profile's default)
+    required: bool
+    default: Any
+    limits: Any  # msgspec.inspect IntType / FloatType / StrType: ge, le, max_length, pattern
+    doc: str
+    api: str  # the Python API's / difflet.Client's keyword
+    http: str  # the HTTP body field; "" = not accepted over HTTP
+    means: str  # what its pattern asks for, in words
+
+    def fail(self, message: str) -> DiffletError:
+        return DiffletError(f"{self.name}: {message}", where=self.name)
+
+    def check(self, value: Any) -> Any:
+        """`value` checked against this field's type and range (an int is taken as a float)."""
+        lim = self.limits
+        if self.kind is str:
+            if not isinstance(value, str):
+                raise self.fail(f"must be a string, not {type(value).__name__} {value!r}")
+            if lim.max_length is not None and len(value) > lim.max_length:
+                raise self.fail(f"is {len(value)} characters, at most {lim.max_length}")
+            if lim.pattern is not None and not re.search(lim.pattern, value):  # msgspec's own semantics
+                raise self.fail(f"must be {self.means}")
+            return value
+        number = (int,) if self.kind is int else (int, float)
+        if isinstance(value, bool) or not isinstance(value, number):
+            what = "an integer" if self.kind is int else "a number"
+            raise self.fail(f"must be {what}, not {type(value).__name__} {value!r}")
+        value = self.kind(value)
+        low, high = lim.ge, lim.le
+        inside = (low is None or value >= low) and (high is None or value <= high)
+        if self.kind is float and not (math.isfinite(value) and inside):
+            bound = f">= {low}" if high is None else f"<= {high}" if low is None else f"in [{low}, {high}]"
+            raise self.fail(f"{value} must be finite and {bound}")
+        if not inside:
+            raise self.fail(f"{value} is outside [{low}, {high}]" if None not in (low, high)
+                            else f"{value} must be >= {low}" if high is None else f"{value} must be <= {high}")
+        return value
+
+
+def _fields() -> tuple[Field, ...]:
+    out = []
+    for f in msgspec.inspect.type_info(Request).fields:
+        t, optional = f.type, False
+        if isinstance(t, msgspec.inspect.UnionType):
+            t, optional = next(x for x in t.types if not isinstance(x, msgspec.inspect.NoneType)), True
+        meta = t if isinstance(t, msgspec.inspect.Metadata) else None
+        limits = meta.type if meta else t
+        extra = (meta.extra or {}) if meta else {}
+        kind = {msgspec.inspect.IntType: int, msgspec.inspect.FloatType: float,
+                msgspec.inspect.StrType: str}[type(limits)]
+        out.append(Field(f.name, kind, optional, f.required, None if f.required else f.default, limits,
+                         (meta.extra_json_schema or {}).get("description", "") if meta else "",
+                         extra.get("api", f.name), extra.get("http", f.name), extra.get("means", "")))
+    return tuple(out)
+
+
+FIELDS = _fields()
+BY_NAME = {f.name: f for f in FIELDS}
+
+
+def names(face: str) -> dict[str, str]:
+    """field name -> its spelling on `face` ("api" or "http"; a field a face lacks is left out)."""
+    return {f.name: getattr(f, face) for f in FIELDS if getattr(f, face)}
+
+
+def check(values: Mapping[str, Any]) -> Request:
+    """`values` (field name -> value; None = not given) as a `Request`, each value checked against
+    its field's declaration; raises DiffletError naming the first bad or unknown field."""
+    for name in values:
+        if name not in BY_NAME:
+            raise DiffletError(f"{name}: unknown request field (fields: {', '.join(BY_NAME)})", where=name)
+    given = {}
+    for f in FIELDS:
+        value = values.get(f.name)
+        if value is None and f.required:
+            raise f.fail("is required")
+        if value is not None:
+            given[f.name] = f.check(value)
+    return Request(**given)
+
+
+def from_arguments(arguments: Mapping[str, Any], what: str) -> dict[str, Any]:
+    """Python keyword arguments (the "api" spelling) -> field values; an unknown keyword is the
+    TypeError Python raises for one, naming `what` and the keywords it takes."""
+    fields = {api: name for name, api in names("api").items()}
+    unknown = [k for k in arguments if k not in fields]
+    if unknown:
+        raise TypeError(f"{what}() got an unexpected keyword argument {unknown[0]!r} "
+                        f"(request arguments: {', '.join(fields)})")
+    return {fields[k]: v for k, v in arguments.items()}
+
+
+def with_arguments(fn: Callable) -> Callable:
+    """`fn(..., **arguments)` with a signature that lists each request field's keyword (for
+    help() and editors), every field `fn` does not already name, keyword-only, at its default."""
+    sig = inspect.signature(fn)
+    own = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    taken = {p.name for p in own}
+    extra = [inspect.Parameter(f.api, inspect.Parameter.KEYWORD_ONLY, default=f.default,
+                               annotation=f"{f.kind.__name__} | None" if f.optional else f.kind.__name__)
+             for f in FIELDS if f.api not in taken and not f.required]
+    fn.__signature__ = sig.replace(parameters=own + extra)
+    return fn
