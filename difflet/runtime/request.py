@@ -116,6 +116,9 @@ def _fields() -> tuple[Field, ...]:
         extra = (meta.extra or {}) if meta else {}
         kind = {msgspec.inspect.IntType: int, msgspec.inspect.FloatType: float,
                 msgspec.inspect.StrType: str}[type(limits)]
+        unread = [k for k in ("gt", "lt", "multiple_of", "min_length") if getattr(limits, k, None) is not None]
+        if unread:  # a declared range nobody checks would be a silent lie
+            raise TypeError(f"Request.{f.name}: Field.check reads ge/le/max_length/pattern, not {unread}")
         out.append(Field(f.name, kind, optional, f.required, None if f.required else f.default, limits,
                          (meta.extra_json_schema or {}).get("description", "") if meta else "",
                          extra.get("api", f.name), extra.get("http", f.name), extra.get("means", "")))
