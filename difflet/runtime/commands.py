@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 
+from difflet.passes import cp_modes  # torch-free
 from difflet.runtime.demo import MODELS as DEMO_MODELS  # stdlib-only module: no torch at CLI start
 from difflet.runtime.request import FIELDS
 
@@ -124,7 +125,7 @@ class ProgressBar:
 @click.option("--parallel", default="tp1", show_default=True, metavar="CONFIG",
               help="parallel layout to plan and compile (tp2, tp2cp2, tp2+sp, dp2xtp2, ...; "
                    "the planner must call it legal and codegen build it)")
-@click.option("--attention", default=None, type=click.Choice(["ulysses", "ring", "gather_kv"]),
+@click.option("--attention", default=None, type=click.Choice(cp_modes.CHOICES),
               help="context-parallel attention mode (with cpN in --parallel)")
 @click.option("--store", default=None, type=click.Path(file_okay=False),
               help="program store (default: $DIFFLET_STORE or the user cache)")
