@@ -13,10 +13,11 @@ import torch
 
 from difflet.parallel.launch import run_ranks
 from difflet.kernels.attention_ref import bounded_attention
+from difflet.passes import cp_modes
 
 B, H, V, T, D = 1, 4, 16, 8, 8  # H and V divide by 4 (cp4) and by 2 (tp2cp2)
 VALID = (1, 2, 3, 5, 8)          # >= 5 runtime values from 1 to T
-MODES = ("ulysses", "ring", "gather_kv")
+MODES = cp_modes.CHOICES  # every mode a plan may choose (passes/cp_modes.py)
 TOL = 1e-5
 
 
@@ -146,3 +147,22 @@ def test_self_attention_without_text_equals_unsplit(results, layout, mode):
     for r in results[layout]:
         err = (r[mode, "self"] - ref[:, r["heads"], r["seq"]]).abs().max().item()
         assert err <= TOL, (layout, mode, err)
+
+
+def test_every_declared_mode_is_implemented():
+    """passes/cp_modes.py declares the modes and parallel/joint_attention.py implements them: the
+    same names, `local` included."""
+    from difflet.parallel.joint_attention import IMPLEMENTATIONS
+
+    assert set(IMPLEMENTATIONS) == set(cp_modes.MODES)
+
+
+def test_local_mode_without_group_is_plain_attention():
+    from difflet.parallel.joint_attention import joint_attention, self_attention
+
+    (qv, kv, vv), (qt, kt, vt) = _inputs()
+    ref_vis, ref_txt = _oracle(3)
+    out_vis, out_txt = joint_attention("local", qv, kv, vv, qt, kt, vt, torch.tensor(3), None)
+    assert (out_vis - ref_vis).abs().max().item() <= TOL and (out_txt - ref_txt).abs().max().item() <= TOL
+    ref = bounded_attention(qv, kv, vv, torch.tensor(0), torch.tensor(V))
+    assert (self_attention("local", qv, kv, vv, None) - ref).abs().max().item() <= TOL

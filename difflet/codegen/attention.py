@@ -18,6 +18,7 @@ import torch
 
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
+from difflet.passes.layout_attrs import Site
 
 
 def _text_len(node: Node) -> int:
@@ -38,12 +39,12 @@ def install_attention(model: torch.nn.Module, node: Node) -> int:
     Raises DiffletError for an unsupported class, a masked non-joint site, an order, or a glob
     that matches nothing.
     """
-    sites = node.find(Op.ATTENTION)
-    for site in sites:
-        if site.attrs.get("kind") != "joint" and site.attrs.get("text_mask"):
-            raise DiffletError(f"attention kind {site.attrs.get('kind')!r} with a text mask is not "
+    sites = [(n, Site.of(n)) for n in node.find(Op.ATTENTION)]
+    for site, decl in sites:
+        if decl.kind != "joint" and decl.text_mask:
+            raise DiffletError(f"attention kind {decl.kind!r} with a text mask is not "
                                f"supported for {node.attrs['class']} (only joint)", where=site.loc)
-    sites = [s for s in sites if s.attrs.get("kind") == "joint"]
+    sites = [(n, decl) for n, decl in sites if decl.kind == "joint"]
     if not sites:
         return 0
     from difflet.codegen.declarations import declaration, declared
@@ -54,22 +55,21 @@ def install_attention(model: torch.nn.Module, node: Node) -> int:
                            f"(supported: {', '.join(declared('processor'))})", where=node.loc)
     modules = dict(model.named_modules())
     count = 0
-    for site in sites:
-        order = tuple(site.attrs.get("order", ("text", "visual")))
-        if sorted(order) != ["text", "visual"]:
-            raise DiffletError(f"joint attention order must be (text, visual) or (visual, text), got {order}",
-                               where=site.loc)
+    for site, decl in sites:
+        if sorted(decl.order) != ["text", "visual"]:
+            raise DiffletError("joint attention order must be (text, visual) or (visual, text), "
+                               f"got {decl.order}", where=site.loc)
         matched = [m for name, m in modules.items() if fnmatch.fnmatchcase(name, site.name)]
         if not matched:
             raise DiffletError(f"attention site {site.name!r} matches no module of {node.attrs['class']}",
                                where=site.loc)
         for mod in matched:
-            if getattr(mod, "heads", site.attrs.get("heads")) != site.attrs.get("heads") or \
-                    getattr(mod, "head_dim", site.attrs.get("head_dim")) != site.attrs.get("head_dim"):
+            if (getattr(mod, "heads", decl.heads), getattr(mod, "head_dim", decl.head_dim)) != \
+                    (decl.heads, decl.head_dim):
                 raise DiffletError(f"attention site {site.name!r}: the model has heads={mod.heads}, "
-                                   f"head_dim={mod.head_dim}; the IR says {site.attrs.get('heads')}, "
-                                   f"{site.attrs.get('head_dim')}", where=site.loc)
-            mod.set_processor(cls(_text_len(node), text_first=order[0] == "text"))
+                                   f"head_dim={mod.head_dim}; the IR says {decl.heads}, {decl.head_dim}",
+                                   where=site.loc)
+            mod.set_processor(cls(_text_len(node), text_first=decl.text_first))
             count += 1
     if hasattr(cls, "prepare_model"):  # a class whose forward needs adapting to the program convention
         cls.prepare_model(model, node)

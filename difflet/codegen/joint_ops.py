@@ -51,7 +51,6 @@ def split_joint_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tex
     seq = q.shape[2]
     txt = slice(0, t) if text_first else slice(seq - t, seq)
     vis = slice(t, seq) if text_first else slice(0, seq - t)
-    mode = "gather_kv" if mode == "local" else mode  # size-1 group: plain bounded attention
     out_vis, out_txt = joint_attention(mode, q[:, :, vis], k[:, :, vis], v[:, :, vis], q[:, :, txt],
                                        k[:, :, txt], v[:, :, txt], valid_text, group)
     return torch.cat([out_txt, out_vis] if text_first else [out_vis, out_txt], dim=2)

@@ -24,20 +24,19 @@ from pathlib import Path
 
 from difflet.codegen.split_layout import build_rank_module, layout_of
 from difflet.ir.nodes import Node
+from difflet.passes.layout_attrs import Layout
 
 
 def degrees(node: Node) -> dict[str, int]:
     """The degrees one replica's programs are built for: dp is always 1 here (a data-parallel
     layout is the same program on every replica; the runtime starts dp model processes)."""
-    la = layout_of(node).attrs
-    return {a: 1 if a == "dp" else int(la.get(a, 1)) for a in ("dp", "cfg", "cp", "tp")}
+    la = Layout.of(layout_of(node)).config()
+    return {a: 1 if a == "dp" else la.degree(a) for a in ("dp", "cfg", "cp", "tp")}
 
 
 def world(node: Node) -> int:
-    """Ranks of one replica of the component (passes/built.py `replica_world`)."""
-    from difflet.passes.built import replica_world
-
-    return replica_world(layout_of(node).attrs)
+    """Ranks of one replica of the component (passes/layout_attrs.py `Layout.replica_world`)."""
+    return Layout.of(layout_of(node)).replica_world
 
 
 def rank_key(cache_key: str, rank: int, world_size: int) -> str:

@@ -36,6 +36,7 @@ from difflet.codegen.declarations import declaration
 from difflet.codegen.decl import SplitDecl
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
+from difflet.passes.layout_attrs import Layout, PlannedSite, Site
 from difflet.parallel.layers import ParallelLinear, ParallelRMSNorm, sp_shard
 
 
@@ -82,12 +83,12 @@ def _set_module(model: torch.nn.Module, path: str, module: torch.nn.Module) -> N
 def apply_layout(model: torch.nn.Module, node: Node, groups) -> int:
     """Shard `model`'s linears and install split attention per the layout; returns linears replaced."""
     layout = layout_of(node)
-    la = layout.attrs
+    la = Layout.of(layout)
     facts = split_facts(node)
-    tp, cp, sp = int(la["tp"]), int(la["cp"]), bool(la["sp"])
+    tp, cp, sp = la.tp, la.cp, la.sp
     tp_group, cp_group = _group(groups, "tp", tp), _group(groups, "cp", cp)
     tp_index = groups.index("tp") if tp > 1 else 0
-    text, vis = int(la["local_tokens"]["text"]), int(la["local_tokens"]["visual"])
+    text, vis = la.local_tokens["text"], la.local_tokens["visual"]
     gathered = _modulation_globs(layout)
     modules = dict(model.named_modules())
     count = 0
@@ -127,7 +128,7 @@ def _joint_segments(node: Node, linear: str, text: int, vis: int) -> tuple[int, 
     block holds `linear` (text first unless that site's IR order starts with visual)."""
     for site in node.find(Op.ATTENTION):
         block = site.name.split("*")[0]  # "single_transformer_blocks.*.attn" -> its blocks' prefix
-        if linear.startswith(block) and tuple(site.attrs.get("order", ("text",)))[0] == "visual":
+        if linear.startswith(block) and not Site.of(site).text_first:
             return vis, text
     return text, vis
 
@@ -201,15 +202,15 @@ def _install_head_tables(model, facts: SplitDecl, tp_group) -> None:
 
 def _install_split_attention(model, node: Node, layout: Node, cp_group, text_len: int) -> None:
     install_attention(model, node)  # validates sites, heads and order against the model
-    orders = {a.name: tuple(a.attrs.get("order", ("text", "visual"))) for a in node.find(Op.ATTENTION)}
+    text_first = {a.name: Site.of(a).text_first for a in node.find(Op.ATTENTION)}
     modules = dict(model.named_modules())
     processor = split_facts(node).processor
     for site in (n for n in layout.body if n.op == Op.ATTENTION):
-        mode = site.attrs["mode"]
+        mode = PlannedSite.of(site).mode
         for name, mod in modules.items():
             if fnmatch.fnmatchcase(name, site.name):
-                mod.set_processor(processor(text_len, orders.get(site.name, ("text",))[0] == "text",
-                                            mode, cp_group if mode != "local" else None))
+                mod.set_processor(processor(text_len, text_first[site.name], mode,
+                                            cp_group if mode != "local" else None))
 
 
 def _stateless(adapter: torch.nn.Module, model: torch.nn.Module, node: Node) -> torch.nn.Module:
@@ -226,10 +227,10 @@ class RankProgramModule(ProgramModule):
 
     def __init__(self, model: torch.nn.Module, node: Node, groups) -> None:
         super().__init__(model, node)
-        la = layout_of(node).attrs
+        la = Layout.of(layout_of(node))
         facts = split_facts(node)
-        tp, cp = int(la["tp"]), int(la["cp"])
-        self.sp = bool(la["sp"])
+        tp, cp = la.tp, la.cp
+        self.sp = la.sp
         self.tp_group, self.cp_group = _group(groups, "tp", tp), _group(groups, "cp", cp)
         self.cp, self.cp_index = cp, groups.index("cp") if cp > 1 else 0
         self.visual_in = [facts.visual_inputs.get(v.name) for v in program_inputs(node)]
@@ -263,12 +264,10 @@ def build_rank_module(node: Node, ckpt_dir: str | os.PathLike, groups) -> Progra
     reason = unsupported_reason(node)
     if reason:
         raise DiffletError(f"component {node.name!r}: {reason}", where=layout_of(node).loc)
-    if int(layout_of(node).attrs.get("cfg", 1)) > 1:  # two replicas of cond_view's program, no rank module
+    if Layout.of(layout_of(node)).cfg > 1:  # two replicas of cond_view's program, no rank module
         raise DiffletError(f"component {node.name!r}: a cfg layout runs two replicas of its inner "
                            "program (codegen/cfg_program.py), not rank modules", where=layout_of(node).loc)
-    from difflet.passes.built import replica_world
-
-    if replica_world(layout_of(node).attrs) == 1:  # a dp layout's replica may be one rank
+    if Layout.of(layout_of(node)).replica_world == 1:  # a dp layout's replica may be one rank
         return build_program_module(node, ckpt_dir)
     from difflet.codegen.checkpoint import load_component
 

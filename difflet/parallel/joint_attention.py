@@ -13,7 +13,7 @@ bounds [0, V + valid_text)):
 - padded text keys get weight exactly 0 (their contents never reach the output);
 - the replicated text keys enter each softmax exactly once;
 - only bounded_attention touches scores, so every mode runs the same kernel contract.
-Modes:
+Modes (declared, torch-free, in difflet/passes/cp_modes.py; implemented here, IMPLEMENTATIONS):
 - ulysses:   all-to-all sequence shards -> head shards (H % cp == 0), attend the full joint
              sequence for H/cp heads, inverse all-to-all; text outputs all-gathered over heads.
              Text outputs are bitwise identical across ranks.
@@ -23,6 +23,7 @@ Modes:
              rounding only (each rank merges the shards in a different order).
 - gather_kv: all-gather visual K/V, local queries vs [all visual, text]. Text outputs bitwise
              identical across ranks.
+- local:     (keys CP replicates, or no CP group) gather_kv over a size-1 group.
 Self-attention (no text stream, e.g. Wan's attn1): pass q/k/v_txt = None and valid_text =
 None; every mode then attends the visual keys alone and returns (out_vis, None).
 `report`, if given, receives `kv_bytes`: the most K/V bytes the mode holds at once for its
@@ -37,9 +38,6 @@ import torch
 from difflet.parallel import comm
 from difflet.kernels.attention_fused import bounded_attention
 from difflet.kernels.attention_ref import merge_partials
-
-MODES = ("ulysses", "ring", "gather_kv")
-
 
 def _nbytes(*ts: torch.Tensor) -> int:
     return sum(t.numel() * t.element_size() for t in ts)
@@ -124,19 +122,20 @@ def gather_kv(q_vis, k_vis, v_vis, q_txt, k_txt, v_txt, valid_text, group, repor
     return out[:, :, :vl], (out[:, :, vl:] if q_txt is not None else None)
 
 
-_IMPL = {"ulysses": ulysses, "ring": ring, "gather_kv": gather_kv}
+# The torch implementation of every mode passes/cp_modes.py declares, by name. "local" (no CP
+# group, or keys CP replicates) is gather_kv over a size-1 group: plain bounded attention.
+IMPLEMENTATIONS = {"ulysses": ulysses, "ring": ring, "gather_kv": gather_kv, "local": gather_kv}
 
 
 def joint_attention(mode: str, q_vis, k_vis, v_vis, q_txt, k_txt, v_txt, valid_text, group,
                     report: dict | None = None):
     """Dispatch to one CP mode; with a size-1 group every mode is plain bounded attention."""
-    if mode not in _IMPL:
-        raise ValueError(f"unknown joint attention mode {mode!r}; expected one of {MODES}")
-    return _IMPL[mode](q_vis, k_vis, v_vis, q_txt, k_txt, v_txt, valid_text, group, report)
+    if mode not in IMPLEMENTATIONS:
+        raise ValueError(f"unknown joint attention mode {mode!r}; expected one of {tuple(IMPLEMENTATIONS)}")
+    return IMPLEMENTATIONS[mode](q_vis, k_vis, v_vis, q_txt, k_txt, v_txt, valid_text, group, report)
 
 
 def self_attention(mode: str, q, k, v, group, report: dict | None = None) -> torch.Tensor:
     """Attention of this rank's visual queries over the whole CP-sharded visual sequence (no
     text); mode "local" (no CP group) is plain attention over the local keys."""
-    mode = "gather_kv" if mode == "local" else mode  # a size-1 group: gather_kv is the identity
     return joint_attention(mode, q, k, v, None, None, None, None, group, report)[0]

@@ -18,6 +18,7 @@ from __future__ import annotations
 from difflet.ir.nodes import Module, Node, Op
 from difflet.passes.backend_facts import BACKENDS, names_with
 from difflet.passes.cfg_branch import has_twins
+from difflet.passes.layout_attrs import Layout
 
 
 def _built(field: str) -> tuple[str, ...]:
@@ -46,7 +47,7 @@ def spmd_built() -> tuple[str, ...]:
 def replica_world(layout_attrs) -> int:
     """Ranks of one data-parallel replica: a dp layout is built once, as dp=1 (every replica
     runs the same program on its own cores; the runtime starts one model process each)."""
-    return int(layout_attrs.get("world", 1)) // int(layout_attrs.get("dp", 1))
+    return Layout.of(layout_attrs).replica_world
 
 
 def layout_reason(comp: Node, backend: str = "inductor") -> str | None:

@@ -18,10 +18,13 @@ Invariants:
 """
 from __future__ import annotations
 
+import dataclasses
+
 import msgspec
 
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Module, Node, Op, Value
+from difflet.passes.layout_attrs import Layout, layout_node
 from difflet.passes.split_rules import rules_for
 
 PREFIX = "uncond_"
@@ -34,8 +37,8 @@ def branch_inputs(comp: Node) -> tuple[str, ...] | None:
 
 
 def cfg_degree(comp: Node) -> int:
-    layouts = comp.find(Op.LAYOUT)
-    return int(layouts[0].attrs.get("cfg", 1)) if layouts else 1
+    layout = layout_node(comp)
+    return Layout.of(layout).cfg if layout is not None else 1
 
 
 def has_twins(comp: Node) -> bool:
@@ -82,7 +85,6 @@ def cond_view(comp: Node) -> Node:
     away (cfg 1, world / cfg, placed on ranks / cfg as plan-parallel places that inner layout),
     i.e. the inner layout's component, node for node the one planned without cfg (the cache key
     attr aside: passes/cache_key.py `keyed` recomputes it)."""
-    from difflet.passes.parallel_config import ParallelConfig
     from difflet.passes.plan_parallel import placement_groups
 
     cfg = cfg_degree(comp)
@@ -91,12 +93,11 @@ def cond_view(comp: Node) -> Node:
         if n.attrs.get("branch") == "uncond":
             continue
         if n.op == Op.LAYOUT and cfg > 1:
-            a = n.attrs
-            inner = ParallelConfig(tp=int(a["tp"]), cp=int(a["cp"]), dp=int(a["dp"]), sp=bool(a["sp"]),
-                                   attention=str(a["attention"]))
-            cores = len(a["ranks"]) // cfg
-            n = msgspec.structs.replace(n, attrs=a.set(
-                cfg=1, world=int(a["world"]) // cfg, ranks=tuple(range(cores)),
+            la = Layout.of(n)
+            inner = dataclasses.replace(la.config(), cfg=1)
+            cores = len(la.ranks) // cfg
+            n = msgspec.structs.replace(n, attrs=n.attrs.set(
+                cfg=1, world=la.world // cfg, ranks=tuple(range(cores)),
                 replicas=max(1, cores // inner.world), groups=placement_groups(inner, cores)))
         body.append(n)
     return msgspec.structs.replace(comp, body=tuple(body))

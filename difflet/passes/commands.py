@@ -8,6 +8,7 @@ from __future__ import annotations
 import click
 
 from difflet.errors import DiffletError
+from difflet.passes import cp_modes
 from difflet.passes.backend_facts import BACKENDS
 
 
@@ -29,8 +30,7 @@ def _component_tp(values: tuple[str, ...]) -> dict[str, int]:
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="planned IR (.ir binary)")
 @click.option("--target", default="cpu", show_default=True, help="a table in difflet/passes/targets/")
 @click.option("--cores", type=int, default=None, help="cores the plan must use exactly")
-@click.option("--attention", type=click.Choice(["ulysses", "ring", "gather_kv"]), default=None,
-              help="CP attention mode (default ulysses when cp > 1)")
+@click.option("--attention", type=click.Choice(cp_modes.CHOICES), default=None, help=cp_modes.help_text())
 @click.option("--probe", type=click.Choice(["none", "separate", "fused"]), default="none",
               show_default=True)
 @click.option("--backend", type=click.Choice(list(BACKENDS)), default=None,

@@ -21,6 +21,7 @@ import msgspec
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Attrs, Module, Node, Op, TensorType, Value
 from difflet.passes import model_facts as F
+from difflet.passes.layout_attrs import Layout
 from difflet.passes.parallel_config import ParallelConfig
 from difflet.passes.plan_parallel import layout_for
 from difflet.passes.split_rules import rules_for
@@ -79,6 +80,6 @@ def _probe_component(module: Module, den: Node, mode: str, modules: tuple) -> No
     if mode == "fused":
         attrs["fused_into"] = den.name
     comp = Node(Op.PROBE, "probe", Attrs(attrs), body=tuple(inputs + outputs), loc=den.loc)
-    world = module.attrs["parallel"]["world"] if "parallel" in module.attrs else 1
+    world = Layout.of(module.attrs["parallel"]).world if "parallel" in module.attrs else 1
     layout = layout_for(module, comp, ParallelConfig(), world)
     return msgspec.structs.replace(comp, body=comp.body + (layout,))

@@ -9,12 +9,15 @@ Invariants:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from difflet.ir.nodes import Loc, Module, Node, Op
 from difflet.passes import memory
 from difflet.passes import model_facts as F
+from difflet.passes.cp_modes import MODES
+from difflet.passes.layout_attrs import Layout, PlannedSite
 from difflet.passes.split_rules import rules_for
 
 
@@ -33,15 +36,21 @@ class Context:
     cores: int | None
 
 
-def _layout(comp: Node) -> Node:
-    return comp.find(Op.LAYOUT)[0]
+def _model(m: Module) -> Layout:
+    """The model configuration (module attr `parallel`: a layout's degrees)."""
+    return Layout.of(m.attrs["parallel"])
+
+
+def _layout(comp: Node) -> Layout:
+    return Layout.of(comp.find(Op.LAYOUT)[0])
 
 
 def _den_sites(m: Module):
+    """(component, its Layout, a PlannedSite, the site's DSL location) of every denoiser site."""
     for comp in m.components("denoiser"):
-        lay = _layout(comp)
-        for site in lay.find(Op.ATTENTION):
-            yield comp, lay, site
+        node = comp.find(Op.LAYOUT)[0]
+        for site in node.find(Op.ATTENTION):
+            yield comp, Layout.of(node), PlannedSite.of(site), site.loc
 
 
 def backend(m: Module, ctx: Context) -> list[Violation]:
@@ -52,7 +61,7 @@ def backend(m: Module, ctx: Context) -> list[Violation]:
 
 
 def cores(m: Module, ctx: Context) -> list[Violation]:
-    world = m.attrs["parallel"]["world"]
+    world = _model(m).world
     if ctx.cores is not None and world != ctx.cores:
         return [Violation("cores", f"world dp*cfg*cp*tp = {world} does not equal --cores {ctx.cores}")]
     if world > ctx.target["max_cores"]:
@@ -63,9 +72,9 @@ def cores(m: Module, ctx: Context) -> list[Violation]:
 
 def split_rules(m: Module, ctx: Context) -> list[Violation]:
     out = []
-    world = m.attrs["parallel"]["world"]
+    world = _model(m).world
     for comp in m.components():
-        tp = _layout(comp).attrs["tp"]
+        tp = _layout(comp).tp
         if tp > 1 and rules_for(comp.attrs.get("class", "")) is None:
             out.append(Violation("split-rules", f"no tensor-parallel split rules for class "
                                  f"{comp.attrs.get('class')}, so it cannot run tp{tp}", comp.name, comp.loc))
@@ -77,15 +86,15 @@ def split_rules(m: Module, ctx: Context) -> list[Violation]:
 
 def head_dim(m: Module, ctx: Context) -> list[Violation]:
     lim = ctx.target["max_head_dim"]
-    return [Violation("head-dim", f"head_dim {s.attrs['head_dim']} exceeds {lim} on {ctx.target['name']}",
-                      c.name, s.loc) for c, _, s in _den_sites(m) if s.attrs["head_dim"] > lim]
+    return [Violation("head-dim", f"head_dim {s.head_dim} exceeds {lim} on {ctx.target['name']}",
+                      c.name, loc) for c, _, s, loc in _den_sites(m) if s.head_dim > lim]
 
 
 def tp_heads(m: Module, ctx: Context) -> list[Violation]:
-    out = [Violation("tp-heads", f"heads {s.attrs['heads']} not divisible by tp = {lay.attrs['tp']}",
-                     c.name, s.loc) for c, lay, s in _den_sites(m) if s.attrs["heads"] % lay.attrs["tp"]]
+    out = [Violation("tp-heads", f"heads {s.heads} not divisible by tp = {lay.tp}",
+                     c.name, loc) for c, lay, s, loc in _den_sites(m) if s.heads % lay.tp]
     for comp in m.components():
-        tp = _layout(comp).attrs["tp"]
+        tp = _layout(comp).tp
         if tp == 1 or comp.attrs.get("role") == "denoiser":
             continue
         for key, n in F.head_counts(comp):
@@ -95,18 +104,21 @@ def tp_heads(m: Module, ctx: Context) -> list[Violation]:
     return out
 
 
-def ulysses_heads(m: Module, ctx: Context) -> list[Violation]:
+def cp_heads(m: Module, ctx: Context) -> list[Violation]:
+    """A mode that divides heads over more than tp (cp_modes `heads_axes`) needs them to divide;
+    the rule is named after the mode (`ulysses-heads`)."""
     out = []
-    for c, lay, s in _den_sites(m):
-        n = lay.attrs["tp"] * lay.attrs["cp"]
-        if s.attrs["mode"] == "ulysses" and s.attrs["heads"] % n:
-            out.append(Violation("ulysses-heads", f"heads {s.attrs['heads']} not divisible by "
-                                 f"tp*cp = {n}", c.name, s.loc))
+    for c, lay, s, loc in _den_sites(m):
+        axes = MODES[s.mode].heads_axes
+        n = math.prod(lay.config().degree(a) for a in axes)
+        if axes != ("tp",) and s.heads % n:
+            out.append(Violation(f"{s.mode}-heads", f"heads {s.heads} not divisible by "
+                                 f"{'*'.join(axes)} = {n}", c.name, loc))
     return out
 
 
 def attention_mode(m: Module, ctx: Context) -> list[Violation]:
-    mode = m.attrs["parallel"]["attention"]
+    mode = _model(m).attention
     if mode == "none" or mode in ctx.target["attention_modes"]:
         return []
     return [Violation("attention-mode", f"{ctx.target['name']} does not run {mode} attention")]
@@ -116,12 +128,12 @@ def token_split(m: Module, ctx: Context) -> list[Violation]:
     out = []
     for comp in m.components("denoiser"):
         lay = _layout(comp)
-        cp, tp, full = lay.attrs["cp"], lay.attrs["tp"], lay.attrs["tokens"]
+        cp, tp, full = lay.cp, lay.tp, lay.tokens
         if cp > 1 and full["visual"] % cp:
             out.append(Violation("cp-tokens", f"visual tokens {full['visual']} not divisible by cp = {cp}",
                                  comp.name, comp.loc))
-        if lay.attrs["sp"]:
-            for stream, n in lay.attrs["local_tokens"].items():
+        if lay.sp:
+            for stream, n in lay.local_tokens.items():
                 if n % tp:
                     out.append(Violation("sp-tokens", f"{stream} tokens {n} per rank not divisible "
                                          f"by tp = {tp} for sequence parallelism", comp.name, comp.loc))
@@ -129,7 +141,7 @@ def token_split(m: Module, ctx: Context) -> list[Violation]:
 
 
 def cfg_branches(m: Module, ctx: Context) -> list[Violation]:
-    cfg = m.attrs["parallel"]["cfg"]
+    cfg = _model(m).cfg
     if cfg == 1:
         return []
     if F.guidance_branches(m) != 2:
@@ -143,17 +155,17 @@ def cfg_branches(m: Module, ctx: Context) -> list[Violation]:
 def masked_fused_attention(m: Module, ctx: Context) -> list[Violation]:
     rules = ctx.target["fused_attention"]
     out = []
-    for c, lay, s in _den_sites(m):
-        a = s.attrs
-        masked = a["mask"] != "none"
-        if masked and rules["equal_qk_len_when_masked"] and a["mode"] == "gather_kv" and a["q_len"] != a["kv_len"]:
-            out.append(Violation("masked-equal-qk", f"gather_kv gives {a['q_len']} queries and "
-                                 f"{a['kv_len']} keys, but masked fused attention on "
-                                 f"{ctx.target['name']} needs equal query and key lengths", c.name, s.loc))
-        order = lay.attrs["joint_order"]
+    for c, lay, s, loc in _den_sites(m):
+        masked = s.mask != "none"
+        one_call = MODES[s.mode].one_masked_call  # e.g. not ring: one call per visual shard
+        if masked and rules["equal_qk_len_when_masked"] and one_call and s.q_len != s.kv_len:
+            out.append(Violation("masked-equal-qk", f"{s.mode} gives {s.q_len} queries and "
+                                 f"{s.kv_len} keys, but masked fused attention on "
+                                 f"{ctx.target['name']} needs equal query and key lengths", c.name, loc))
+        order = lay.joint_order
         if masked and rules["contiguous_valid_keys"] and order and order[-1] != "text_pad":
             out.append(Violation("contiguous-valid-keys", f"joint order {order} does not keep valid "
-                                 "text keys contiguous", c.name, s.loc))
+                                 "text keys contiguous", c.name, loc))
     return out
 
 
@@ -172,7 +184,7 @@ def memory_fits(m: Module, ctx: Context) -> list[Violation]:
 
 
 RULES: tuple[Callable[[Module, Context], list[Violation]], ...] = (
-    backend, cores, split_rules, head_dim, tp_heads, ulysses_heads, attention_mode, token_split,
+    backend, cores, split_rules, head_dim, tp_heads, cp_heads, attention_mode, token_split,
     cfg_branches, masked_fused_attention, memory_fits,
 )
 

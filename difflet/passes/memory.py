@@ -9,9 +9,9 @@ A deliberately simple, documented model (every rank is symmetric, so one core st
   as separate calls or on separate cfg groups), lengths rounded up to the target's tile:
   4 residual-width buffers (residual, normed/modulated input, attention output, block output)
   over the tokens a rank holds between linears (/tp under SP), local-head Q/K/V/O and the MLP
-  intermediate (/tp) over the rank's tokens, the attention mode's extra K/V (Ulysses: the full
-  sequence for its heads; Ring: two in-flight visual partitions; gather_kv: all visual K/V),
-  and the score matrix only where the target materializes it.
+  intermediate (/tp) over the rank's tokens, the attention mode's extra buffers (passes/cp_modes.py
+  `held`: Ulysses the full-sequence q/k/v of its heads, Ring two in-flight visual partitions of
+  K/V, gather_kv all visual K/V), and the score matrix only where the target materializes it.
 - the probe: its saved feature (visual tokens x hidden) and, for a separate program, its
   weights (non-block params plus one block's linears: an upper bound).
 - the target's reserved bytes (runtime, collective buffers).
@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from difflet.ir.nodes import Module, Node, Op
+from difflet.passes import cp_modes
 from difflet.passes import model_facts as F
+from difflet.passes.layout_attrs import Layout, PlannedSite, layout_node
 
 GIB = 1 << 30
 
@@ -52,11 +54,6 @@ class MemoryEstimate:
                                  f"(capacity {self.capacity / GIB:.0f} GiB)"])
 
 
-def _layout(comp: Node) -> Node | None:
-    found = comp.find(Op.LAYOUT)
-    return found[0] if found else None
-
-
 def weight_bytes(comp: Node, tp: int) -> int:
     params = int(comp.attrs.get("params") or 0)
     split = int(comp.attrs.get("params_blocks_linear") or 0) if tp > 1 else 0
@@ -65,29 +62,23 @@ def weight_bytes(comp: Node, tp: int) -> int:
 
 def _activation_bytes(comp: Node, layout: Node, target: Mapping[str, Any]) -> list[tuple[str, int]]:
     tile, b = int(target["tile_tokens"]), F.dtype_bytes(comp.attrs.get("dtype", "float32"))
-    tp = layout.attrs["tp"]
-    local = layout.attrs["local_tokens"]
+    la = Layout.of(layout)
+    local = la.local_tokens
     streams = [F.round_up(local[s], tile) for s in ("visual", "text", "audio") if local.get(s)]
     tokens = sum(streams)
-    between = sum(F.round_up(v // tp, tile) for v in streams) if layout.attrs["sp"] else tokens
+    between = sum(F.round_up(v // la.tp, tile) for v in streams) if la.sp else tokens
     hidden, mlp = F.hidden_size(comp), F.mlp_hidden(comp)
     out = [("residual buffers", 4 * between * hidden * b),
-           ("q/k/v/o + mlp (local)", tokens * (4 * hidden + mlp) // tp * b)]
+           ("q/k/v/o + mlp (local)", tokens * (4 * hidden + mlp) // la.tp * b)]
     extra, scores = 0, 0
-    for site in layout.find(Op.ATTENTION):
-        a = site.attrs
-        per_tok = a["heads_local"] * a["head_dim"] * b
-        q, kv = F.round_up(a["q_len"], tile), F.round_up(a["kv_len"], tile)
-        if a["mode"] == "ulysses":
-            extra = max(extra, (q + 2 * kv) * per_tok)
-        elif a["mode"] == "ring":
-            extra = max(extra, 2 * 2 * kv * per_tok)
-        elif a["mode"] == "gather_kv":
-            extra = max(extra, 2 * kv * per_tok)
+    for site in map(PlannedSite.of, layout.find(Op.ATTENTION)):
+        q, kv = F.round_up(site.q_len, tile), F.round_up(site.kv_len, tile)
+        held_q, held_kv = cp_modes.MODES[site.mode].held
+        extra = max(extra, (held_q * q + held_kv * kv) * site.heads_local * site.head_dim * b)
         if target["materializes_scores"]:
-            scores = max(scores, a["heads_local"] * q * kv * b)
+            scores = max(scores, site.heads_local * q * kv * b)
     if extra:
-        out.append((f"{layout.attrs['attention']} k/v", extra))
+        out.append((f"{la.attention} k/v", extra))
     if scores:
         out.append(("attention scores", scores))
     return out
@@ -110,11 +101,11 @@ def estimate(module: Module, target: Mapping[str, Any]) -> MemoryEstimate:
     """Per-core estimate of a planned module (every component must have a layout)."""
     est = MemoryEstimate(capacity=int(float(target["memory_per_core_gib"]) * GIB))
     for comp in F.compiled(module):
-        layout = _layout(comp)
+        layout = layout_node(comp)
         if comp.attrs.get("role") == "probe":
             est.items += [(comp.name, what, n) for what, n in _probe_bytes(module, comp)]
             continue
-        tp = layout.attrs["tp"] if layout is not None else 1
+        tp = Layout.of(layout).tp if layout is not None else 1
         est.items.append((comp.name, f"weights (tp{tp})", weight_bytes(comp, tp)))
         if comp.attrs.get("role") == "denoiser" and layout is not None:
             est.items += [(comp.name, what, n) for what, n in _activation_bytes(comp, layout, target)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from difflet.ir.nodes import Attrs, Module, Node, Op, TensorType
+from difflet.passes.layout_attrs import Site
 
 STREAM_INPUTS = {"visual": "hidden_states", "text": "encoder_hidden_states",
                  "audio": "audio_hidden_states"}
@@ -63,23 +64,9 @@ def attention_sites(comp: Node) -> list[Node]:
     return comp.find(Op.ATTENTION)
 
 
-def site_streams(site: Node) -> tuple[str, str]:
-    """(query stream, key stream) of a site; `joint` sites attend over visual + text."""
-    order = tuple(site.attrs.get("order") or ())
-    kind = site.attrs.get("kind")
-    if kind == "joint":
-        return "joint", "joint"
-    if kind == "self":
-        s = order[0] if order else "visual"
-        return s, s
-    q = order[0] if order else "visual"
-    k = order[1] if len(order) > 1 else "text"
-    return q, k
-
-
 def hidden_size(comp: Node) -> int:
     """The widest attention's heads * head_dim (the residual stream width of the main stream)."""
-    sizes = [s.attrs["heads"] * s.attrs["head_dim"] for s in attention_sites(comp)]
+    sizes = [v.heads * v.head_dim for v in map(Site.of, attention_sites(comp))]
     if sizes:
         return max(sizes)
     cfg = config(comp)

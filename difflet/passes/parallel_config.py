@@ -4,7 +4,7 @@ Invariants:
 - world = dp * cfg * cp * tp; rank order is tp innermost, then cp, then cfg, then dp:
   rank = ((dp_i * cfg + cfg_i) * cp + cp_i) * tp + tp_i.
 - `sp` has no degree: sequence parallelism reuses the tp group.
-- `attention` is the CP attention mode (ulysses | ring | gather_kv) when cp > 1, else "none".
+- `attention` is the CP attention mode (one of passes/cp_modes.py CHOICES) when cp > 1, else "none".
 """
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Attrs
+from difflet.passes import cp_modes
 
 AXES = ("dp", "cfg", "cp", "tp")          # outermost to innermost
-ATTENTION_MODES = ("ulysses", "ring", "gather_kv")
 _TERM = re.compile(r"(dp|cfg|cp|tp|sp)(\d*)")
 
 
@@ -73,11 +73,6 @@ class ParallelConfig:
         return Attrs(tp=self.tp, cp=self.cp, cfg=self.cfg, dp=self.dp, sp=self.sp,
                      attention=self.attention, world=self.world)
 
-    @staticmethod
-    def from_attrs(a: Attrs) -> "ParallelConfig":
-        return ParallelConfig(tp=a["tp"], cp=a["cp"], cfg=a["cfg"], dp=a["dp"], sp=a["sp"],
-                              attention=a["attention"])
-
 
 def parse_parallel(text: str, attention: str | None = None) -> ParallelConfig:
     """Parse a config string; raise DiffletError naming the offending text."""
@@ -120,13 +115,13 @@ def parse_parallel(text: str, attention: str | None = None) -> ParallelConfig:
     if sp and tp < 2:
         raise DiffletError(f"{text!r}: sp splits tokens across the tp group, so it needs tp >= 2",
                            where="--parallel", snippet=text)
-    if attention is not None and attention not in ATTENTION_MODES:
+    if attention is not None and attention not in cp_modes.CHOICES:
         raise DiffletError(f"unknown attention mode {attention!r}; expected one of "
-                           f"{', '.join(ATTENTION_MODES)}", where="--attention", snippet=attention)
+                           f"{', '.join(cp_modes.CHOICES)}", where="--attention", snippet=attention)
     if cp == 1 and attention is not None:
         raise DiffletError(f"--attention {attention} selects a context-parallel mode, but "
                            f"{text!r} has no cp > 1", where="--attention", snippet=attention)
-    mode = (attention or "ulysses") if cp > 1 else "none"
+    mode = (attention or cp_modes.DEFAULT) if cp > 1 else "none"
     return ParallelConfig(tp=tp, cp=cp, cfg=degrees.get("cfg", 1), dp=degrees.get("dp", 1),
                           sp=sp, attention=mode)
 
@@ -139,10 +134,10 @@ def enumerate_configs(cores: int) -> list[ParallelConfig]:
             for cp in _divisors(cores // dp // cfg):
                 tp = cores // dp // cfg // cp
                 for sp in ((False, True) if tp > 1 else (False,)):
-                    for att in (ATTENTION_MODES if cp > 1 else ("none",)):
+                    for att in (cp_modes.CHOICES if cp > 1 else ("none",)):
                         out.append(ParallelConfig(tp=tp, cp=cp, cfg=cfg, dp=dp, sp=sp, attention=att))
-    out.sort(key=lambda c: (c.dp, c.cfg, c.cp, -c.tp, c.sp, ATTENTION_MODES.index(c.attention)
-                            if c.attention in ATTENTION_MODES else -1))
+    out.sort(key=lambda c: (c.dp, c.cfg, c.cp, -c.tp, c.sp, cp_modes.CHOICES.index(c.attention)
+                            if c.attention in cp_modes.CHOICES else -1))
     return out
 
 

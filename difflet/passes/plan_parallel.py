@@ -14,12 +14,15 @@ Invariants of a layout node (op layout, name "layout", one per component, last i
 """
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 import msgspec
 
 from difflet.ir.nodes import Attrs, Module, Node, Op
+from difflet.passes import cp_modes
 from difflet.passes import model_facts as F
+from difflet.passes.layout_attrs import Site
 from difflet.passes.parallel_config import AXES, ParallelConfig
 from difflet.passes.split_rules import rules_for
 
@@ -88,41 +91,24 @@ def _tp_collectives(comp: Node, pc: ParallelConfig) -> list[Node]:
 
 
 def _site(comp: Node, site: Node, pc: ParallelConfig, local: dict[str, int]) -> tuple[Node, list[Node]]:
-    """One attention site's per-rank shapes and the collectives its CP mode needs."""
-    q_s, k_s = F.site_streams(site)
-    heads, glob = site.attrs["heads"], site.name
-    mask = bool(site.attrs.get("text_mask", False))
+    """One attention site's per-rank shapes and the collectives its CP mode (cp_modes) needs."""
+    decl = Site.of(site)
+    q_s, k_s = decl.streams
     full = F.tokens(comp)
-    length = {"joint": full["visual"] + full["text"], **full}
-    loc_len = {"joint": local["visual"] + local["text"], **local}
-    sharded = ("joint", "visual")
-    if pc.cp == 1 or k_s not in sharded:
-        mode = "local"                      # keys replicated (text/audio): no exchange needed
-    elif q_s in sharded:
-        mode = pc.attention
-    else:
-        mode = "gather_kv"                  # replicated queries (audio) need every visual key
-    colls: list[Node] = []
+    lengths = {"full": {"joint": full["visual"] + full["text"], **full},
+               "local": {"joint": local["visual"] + local["text"], **local},
+               "shard": {k_s: local["visual"]}}
+    mode = cp_modes.site_mode(pc.attention, pc.cp, q_s, k_s)
+    colls = [_coll(x.kind, "cp", site.name, x.at, x.tensor, x.dim) for x in mode.exchanges
+             if q_s == "joint" or not x.joint_only]
     calls: tuple = ()
-    if mode == "ulysses":
-        heads_local, q_len, kv_len = heads // (pc.tp * pc.cp), length[q_s], length[k_s]
-        colls += [_coll("all_to_all", "cp", glob, "before", "q,k,v visual: scatter heads, gather sequence", 1),
-                  _coll("all_to_all", "cp", glob, "after", "out visual: scatter sequence, gather heads", 2)]
-        if q_s == "joint":
-            colls.append(_coll("all_gather", "cp", glob, "after", "out text: gather heads", 2))
-    elif mode == "ring":
-        heads_local, q_len, kv_len = heads // pc.tp, loc_len[q_s], local["visual"]
-        colls.append(_coll("ring_shift", "cp", glob, "inside", "k,v visual partition", 1))
+    if mode.per_shard_calls:
         calls = tuple(f"visual[{i}]" for i in range(pc.cp)) + (("text[0:valid)",) if q_s == "joint" else ())
-    elif mode == "gather_kv":
-        heads_local, q_len, kv_len = heads // pc.tp, loc_len[q_s], length[k_s]
-        colls.append(_coll("all_gather", "cp", glob, "before", "k,v visual", 1))
-    else:
-        heads_local, q_len, kv_len = heads // pc.tp, loc_len[q_s], loc_len[k_s]
-    attrs = Attrs(mode=mode, query=q_s, key=k_s, heads=heads, heads_local=heads_local,
-                  head_dim=site.attrs["head_dim"], q_len=q_len, kv_len=kv_len, calls=calls,
-                  mask="text_valid" if mask else "none", valid=site.attrs.get("valid"))
-    return Node(Op.ATTENTION, glob, attrs, loc=site.loc), colls
+    attrs = Attrs(mode=mode.name, query=q_s, key=k_s, heads=decl.heads,
+                  heads_local=decl.heads // math.prod(pc.degree(a) for a in mode.heads_axes),
+                  head_dim=decl.head_dim, q_len=lengths[mode.queries][q_s], kv_len=lengths[mode.keys][k_s],
+                  calls=calls, mask="text_valid" if decl.text_mask else "none", valid=decl.valid)
+    return Node(Op.ATTENTION, site.name, attrs, loc=site.loc), colls
 
 
 def layout_for(module: Module, comp: Node, pc: ParallelConfig, world: int) -> Node:
@@ -145,7 +131,7 @@ def layout_for(module: Module, comp: Node, pc: ParallelConfig, world: int) -> No
         tp=pc.tp, cp=pc.cp, cfg=pc.cfg, dp=pc.dp, sp=pc.sp, attention=pc.attention, world=pc.world,
         ranks=tuple(range(world)), replicas=max(1, world // pc.world), groups=placement_groups(pc, world),
         tokens=Attrs(full), local_tokens=Attrs(local), sp_tokens=Attrs(sp_local),
-        joint_order=JOINT_ORDER if is_den and any(s.attrs.get("kind") == "joint"
+        joint_order=JOINT_ORDER if is_den and any(Site.of(s).kind == "joint"
                                                   for s in F.attention_sites(comp)) else (),
         sp_regions=("norm", "modulation", "residual") if pc.sp else (),
     )
