@@ -30,7 +30,7 @@ from difflet.passes.layout_attrs import Layout
 def degrees(node: Node) -> dict[str, int]:
     """The degrees one replica's programs are built for: dp is always 1 here (a data-parallel
     layout is the same program on every replica; the runtime starts dp model processes)."""
-    la = Layout.of(layout_of(node)).config()
+    la = Layout.of(layout_of(node))
     return {a: 1 if a == "dp" else la.degree(a) for a in ("dp", "cfg", "cp", "tp")}
 
 

@@ -8,7 +8,6 @@ Invariants:
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import lark
 from lark import Token, Transformer, v_args
@@ -46,6 +45,12 @@ def _number(tok: Token) -> int | float:
     return float(text) if any(c in text for c in ".eE") else int(text)
 
 
+def _binop(op: str):
+    def rule(self, meta, c):
+        return ast.BinOp(op, c[0], c[1], _span(meta))
+    return rule
+
+
 @v_args(meta=True)
 class _ToAst(Transformer):
     """Builds AST nodes bottom-up; rule names match grammars/difflet.lark."""
@@ -69,23 +74,8 @@ class _ToAst(Transformer):
     def neg(self, meta, c):
         return ast.Neg(c[0], _span(meta))
 
-    def add(self, meta, c):
-        return ast.BinOp("+", c[0], c[1], _span(meta))
-
-    def sub(self, meta, c):
-        return ast.BinOp("-", c[0], c[1], _span(meta))
-
-    def mul(self, meta, c):
-        return ast.BinOp("*", c[0], c[1], _span(meta))
-
-    def div(self, meta, c):
-        return ast.BinOp("/", c[0], c[1], _span(meta))
-
-    def floordiv(self, meta, c):
-        return ast.BinOp("//", c[0], c[1], _span(meta))
-
-    def pow(self, meta, c):
-        return ast.BinOp("**", c[0], c[1], _span(meta))
+    # the binary-operator rules of the grammar, each building a BinOp of its operator
+    add, sub, mul, div, floordiv, pow = (_binop(op) for op in ("+", "-", "*", "/", "//", "**"))
 
     def string(self, meta, c):
         return ast.Lit(_string(c[0]), _tok_span(c[0]))
@@ -272,12 +262,3 @@ def _pretty(terminal: str) -> str:
         return repr(pattern.value)
     return terminal.lower() if terminal in ("NAME", "STRING", "NUMBER", "BOOL") else terminal
 
-
-def parse_file(path: str | Path) -> ast.ModelDecl:
-    """Read and parse a DSL file; the path is kept as given for locations."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as err:
-        raise DiffletError(f"cannot read model description: {err.strerror}", where=str(path)) from None
-    return parse_text(text, str(path))

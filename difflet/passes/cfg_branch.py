@@ -18,8 +18,6 @@ Invariants:
 """
 from __future__ import annotations
 
-import dataclasses
-
 import msgspec
 
 from difflet.errors import DiffletError
@@ -94,7 +92,7 @@ def cond_view(comp: Node) -> Node:
             continue
         if n.op == Op.LAYOUT and cfg > 1:
             la = Layout.of(n)
-            inner = dataclasses.replace(la.config(), cfg=1)
+            inner = msgspec.structs.replace(la.config(), cfg=1)
             cores = len(la.ranks) // cfg
             n = msgspec.structs.replace(n, attrs=n.attrs.set(
                 cfg=1, world=la.world // cfg, ranks=tuple(range(cores)),

@@ -32,19 +32,13 @@ def _convert(attrs: Attrs, view: type[_V], what: str, node: Node | None) -> _V:
         raise DiffletError(f"{what} {node.name!r}: {e}", where=node.loc) from None
 
 
-class Layout(msgspec.Struct, frozen=True):
-    """A component's `layout` attrs (passes/plan_parallel.py writes them)."""
+class Layout(ParallelConfig, frozen=True):
+    """A component's `layout` attrs (passes/plan_parallel.py writes them): its own degrees (the
+    ParallelConfig fields; `world` is their product) and where its tokens and ranks are. Its
+    placement `groups` are not in the view: nothing reads them through it."""
 
-    tp: int = 1
-    cp: int = 1
-    cfg: int = 1
-    dp: int = 1
-    sp: bool = False
-    attention: str = "none"
-    world: int = 1
     ranks: tuple[int, ...] = ()
     replicas: int = 1
-    groups: dict[str, tuple[tuple[int, ...], ...]] = {}
     tokens: dict[str, int] = {}
     local_tokens: dict[str, int] = {}
     sp_tokens: dict[str, int] = {}
@@ -53,7 +47,7 @@ class Layout(msgspec.Struct, frozen=True):
 
     @staticmethod
     def of(layout: Node | Attrs) -> "Layout":
-        """The view of a layout node (or of its attrs)."""
+        """The view of a layout node (or of attrs of its schema, e.g. the module's `parallel`)."""
         node = layout if isinstance(layout, Node) else None
         return _convert(layout.attrs if node is not None else layout, Layout, "layout", node)
 
@@ -63,8 +57,8 @@ class Layout(msgspec.Struct, frozen=True):
         return self.world // self.dp
 
     def config(self) -> ParallelConfig:
-        return ParallelConfig(tp=self.tp, cp=self.cp, cfg=self.cfg, dp=self.dp, sp=self.sp,
-                              attention=self.attention)
+        """The degrees alone."""
+        return ParallelConfig(**{f: getattr(self, f) for f in ParallelConfig.__struct_fields__})
 
 
 def layout_node(comp: Node) -> Node | None:

@@ -110,7 +110,7 @@ def cp_heads(m: Module, ctx: Context) -> list[Violation]:
     out = []
     for c, lay, s, loc in _den_sites(m):
         axes = MODES[s.mode].heads_axes
-        n = math.prod(lay.config().degree(a) for a in axes)
+        n = math.prod(lay.degree(a) for a in axes)
         if axes != ("tp",) and s.heads % n:
             out.append(Violation(f"{s.mode}-heads", f"heads {s.heads} not divisible by "
                                  f"{'*'.join(axes)} = {n}", c.name, loc))

@@ -9,7 +9,8 @@ Invariants:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+import msgspec
 
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Attrs
@@ -19,8 +20,7 @@ AXES = ("dp", "cfg", "cp", "tp")          # outermost to innermost
 _TERM = re.compile(r"(dp|cfg|cp|tp|sp)(\d*)")
 
 
-@dataclass(frozen=True)
-class ParallelConfig:
+class ParallelConfig(msgspec.Struct, frozen=True):
     tp: int = 1
     cp: int = 1
     cfg: int = 1
