@@ -116,7 +116,7 @@ def test_a_branching_component_as_one_program_is_flagged():
     module = lower_file(REPO / "models" / "wan2.1-tiny.dsl")
     ckpt = resolve_weights(module, "random:0", shared_store_dir())
     found = check_module(module, {**load_target("trn2"), "control_flow": True}, ckpt, only=("vae",))["vae"]
-    assert found and all(f.op == "torch.cond" and "wan_vae.py" in f.source for f in found), found
+    assert found and all(f.op == "torch.cond" and "families/wan/vae.py" in f.source for f in found), found
     clean = check_module(module, dict(load_target("trn2")), ckpt, only=("vae",))["vae"]
     assert clean == []
 
