@@ -20,6 +20,8 @@ import torch
 from conftest import REPO
 from oracle_util import compile_art, planned_tiny, psnr, random_checkpoint
 
+pytestmark = pytest.mark.slow  # compiles whole split / bucketed / bf16 models: full suite only
+
 FLUX_BF16_DSL = REPO / "models" / "flux-tiny-bf16.dsl"
 PROMPT = "a red fox in the snow"
 

@@ -23,6 +23,8 @@ from difflet.ir.buckets import merge, view, views
 from difflet.ir.text import parse_module, print_module
 from difflet.passes.pipeline import optimize
 
+pytestmark = pytest.mark.slow  # compiles whole split / bucketed / bf16 models: full suite only
+
 REPO = Path(__file__).resolve().parent.parent
 DSL = str(REPO / "models" / "flux-tiny.dsl")
 SIZES = ["32x32", "48x32", "32x48"]

@@ -31,6 +31,8 @@ import torch
 from difflet.parallel.launch import run_ranks
 from oracle_util import check_served_like_tp1, check_split_outputs, compile_art
 
+pytestmark = pytest.mark.slow  # compiles whole split / bucketed / bf16 models: full suite only
+
 MODELS = Path(__file__).resolve().parent.parent / "models"
 DSL = {"tiny": MODELS / "ltx2-tiny.dsl", "tiny4": MODELS / "ltx2-tiny4.dsl"}
 GEOMETRY = {"tiny": (5, 4, 4, 9), "tiny4": (8, 4, 4, 16)}  # latent frames, height, width; audio tokens

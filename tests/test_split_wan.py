@@ -28,6 +28,8 @@ import torch
 from difflet.parallel.launch import run_ranks
 from oracle_util import check_served_like_tp1, check_split_outputs, compile_art
 
+pytestmark = pytest.mark.slow  # compiles whole split / bucketed / bf16 models: full suite only
+
 MODELS = Path(__file__).resolve().parent.parent / "models"
 DSL = {"tiny": MODELS / "wan2.1-tiny.dsl", "tiny4": MODELS / "wan2.1-tiny4.dsl"}
 T = 16
