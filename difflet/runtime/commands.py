@@ -119,7 +119,7 @@ class ProgressBar:
               help='same as PROMPT (default: "a yellow triangle on a black background")')
 @click.option("--model", type=click.Choice(list(DEMO_MODELS)),
               default="flux-shapes", show_default=True,
-              help="flux-shapes: the shipped trained weights; *-tiny: each family at toy size, "
+              help="flux-shapes: the shipped trained weights; *-tiny*: each family at toy size, "
                    "random:0 weights")
 @click.option("--seed", default=42, show_default=True, type=int)
 @click.option("--parallel", default="tp1", show_default=True, metavar="CONFIG",

@@ -1,10 +1,9 @@
 """`difflet demo`: the whole toolchain on a bundled model, CPU, one command.
 
 Models (`MODELS`): flux-shapes (default; the trained pipeline shipped in difflet/assets/flux-shapes,
-so the image follows the prompt), and flux-tiny, flux-tiny4 (heads that divide 4, for split
-layouts), qwen-image-tiny, wan2.1-tiny, hunyuan-video-tiny,
-ltx2-tiny (each family's real pipeline at toy size with random:0 weights: noise-like output; the
-video models write MP4).
+so the image follows the prompt), and every bundled `*-tiny*` description (each family's real
+pipeline at toy size with random:0 weights: noise-like output; the video models write MP4;
+`*-tiny4`: heads that divide 4, for split layouts), so a new family's tiny description is a demo.
 Stages (each timed): lower -> opt (--parallel, default tp1; cpu, inductor) -> codegen (the model's weights, programs
 from the content-addressed store) -> start `difflet-runtime --port 0` and wait until it prints
 "listening on HOST:PORT" (it does so only once SERVING) -> one Generate over gRPC -> write the
@@ -28,16 +27,11 @@ from typing import Callable
 from difflet.bundled import ASSETS_DIR, MODELS_DIR
 from difflet.errors import DiffletError
 
-DEMO_DSL = MODELS_DIR / "flux-tiny.dsl"
 SHAPES_WEIGHTS = ASSETS_DIR / "flux-shapes"
 # name -> (model description, --weights); the DSL has no weights clause, so the pairing lives here
 MODELS = {
     "flux-shapes": (MODELS_DIR / "flux-shapes.dsl", str(SHAPES_WEIGHTS)),
-    "flux-tiny": (DEMO_DSL, "random:0"),
-    "flux-tiny4": (MODELS_DIR / "flux-tiny4.dsl", "random:0"),  # heads divide 4: split layouts
-    # the other four families at toy size with random:0 weights (noise-like output, real pipelines)
-    **{name: (MODELS_DIR / f"{name}.dsl", "random:0")
-       for name in ("qwen-image-tiny", "wan2.1-tiny", "hunyuan-video-tiny", "ltx2-tiny")},
+    **{p.stem: (p, "random:0") for p in sorted(MODELS_DIR.glob("*-tiny*.dsl"))},
 }
 DEFAULT_MODEL = "flux-shapes"
 DEFAULT_PROMPT = "a yellow triangle on a black background"
