@@ -118,36 +118,43 @@ def undefined_arg(m: Module) -> Iterator[Violation]:
                                 f"{describe(node)} uses {_ref(arg)}, which names no {what}")
 
 
-@rule
-def empty_range(m: Module) -> Iterator[Violation]:
-    """A runtime value's supported range [lo, hi] is not empty."""
-    for node, value in _typed_values(m):
-        if isinstance(value.type, RuntimeType) and value.type.lo > value.type.hi:
-            yield Violation("empty-range", node,
-                            f"runtime value {_ref(value.name)} of {describe(node)} has lo "
-                            f"{value.type.lo} > hi {value.type.hi}")
+def _empty_range(value, node: str) -> str | None:
+    t = value.type
+    if isinstance(t, RuntimeType) and t.lo > t.hi:
+        return f"runtime value {_ref(value.name)} of {node} has lo {t.lo} > hi {t.hi}"
+    return None
+
+
+def _nonpositive_dim(value, node: str) -> str | None:
+    t = value.type
+    bad = [d for d in t.shape if d <= 0] if isinstance(t, TensorType) else []
+    if bad:
+        return (f"tensor {_ref(value.name)} of {node} has dimension {bad[0]} in shape "
+                f"{list(t.shape)}; dims must be > 0")
+    return None
+
+
+def _unknown_dtype(value, node: str) -> str | None:
+    if value.type.dtype not in DTYPES:
+        return (f"value {_ref(value.name)} of {node} has unknown dtype {value.type.dtype!r} "
+                f"(allowed: {', '.join(DTYPES)})")
+    return None
+
+
+# (rule name, check): a runtime range is not empty, every tensor dimension is a positive static
+# size, every dtype is one the compiled programs support
+VALUE_CHECKS = (("empty-range", _empty_range), ("nonpositive-dim", _nonpositive_dim),
+                ("unknown-dtype", _unknown_dtype))
 
 
 @rule
-def nonpositive_dim(m: Module) -> Iterator[Violation]:
-    """Every tensor dimension is a positive, static size."""
-    for node, value in _typed_values(m):
-        if isinstance(value.type, TensorType):
-            bad = [d for d in value.type.shape if d <= 0]
-            if bad:
-                yield Violation("nonpositive-dim", node,
-                                f"tensor {_ref(value.name)} of {describe(node)} has dimension {bad[0]} "
-                                f"in shape {list(value.type.shape)}; dims must be > 0")
-
-
-@rule
-def unknown_dtype(m: Module) -> Iterator[Violation]:
-    """Every value's dtype is one the compiled programs support."""
-    for node, value in _typed_values(m):
-        if value.type.dtype not in DTYPES:
-            yield Violation("unknown-dtype", node,
-                            f"value {_ref(value.name)} of {describe(node)} has unknown dtype "
-                            f"{value.type.dtype!r} (allowed: {', '.join(DTYPES)})")
+def value_types(m: Module) -> Iterator[Violation]:
+    """Every typed value passes VALUE_CHECKS (reported under each check's own rule name)."""
+    for name, check in VALUE_CHECKS:
+        for node, value in _typed_values(m):
+            message = check(value, describe(node))
+            if message is not None:
+                yield Violation(name, node, message)
 
 
 @rule
