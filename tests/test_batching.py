@@ -26,6 +26,8 @@ from difflet.cli import main
 from difflet.runtime.cancel import Cancelled
 from oracle_util import describe_match, images_close
 
+pytestmark = pytest.mark.slow  # compiles and serves several artifacts: full suite only
+
 REPO = Path(__file__).resolve().parent.parent
 DSL = str(REPO / "models" / "flux-tiny.dsl")
 STEPS = 4
@@ -218,7 +220,6 @@ def test_python_api_runs_num_images_per_prompt_through_the_batch_programs(runner
         assert images_close(got, ref), describe_match(got, ref)
 
 
-@pytest.mark.slow
 def test_a_video_family_batches_too(tmp_path_factory, difflet_test_store):
     """hunyuan-video-tiny lowered with --batch-sizes 1,2: two requests of different prompts and
     seeds run as batched denoiser calls, each video equal to itself run alone (same rule). Its

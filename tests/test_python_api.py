@@ -20,6 +20,8 @@ from difflet import DiffletPipeline
 from difflet.errors import DiffletError
 from oracle_util import assert_images_close
 
+pytestmark = pytest.mark.slow  # compiles and serves several artifacts: full suite only
+
 REPO = Path(__file__).resolve().parent.parent
 # The checkpoint's configs, in the order of models/flux.dsl's `default { ... }` blocks.
 FINE_TUNE = (

@@ -22,6 +22,8 @@ from difflet.cli import main
 from difflet.ir.nodes import Op, RuntimeType
 from oracle_util import compile_art, random_checkpoint
 
+pytestmark = pytest.mark.slow  # compiles and serves several artifacts: full suite only
+
 # tiny description -> the first block's attention module (where the modulated input enters)
 FAMILIES = {
     "qwen-image-tiny": "transformer_blocks.0.attn",
