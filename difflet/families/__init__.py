@@ -22,7 +22,7 @@ import functools
 import importlib
 from types import ModuleType
 
-from difflet.families.facts import FamilyFacts, guidance_spec, steps
+from difflet.families.facts import NEGATIVE_PROMPT_MODES, FamilyFacts, guidance_spec, steps
 
 # family name (the IR's `attrs.family`) -> the diffusers pipeline class its checkpoints name
 FAMILIES: dict[str, str] = {
@@ -81,7 +81,5 @@ def guidance_mode(module) -> str:
 
 def uses_negative_prompt(module) -> bool:
     """Whether a set negative prompt reaches the encoders (its mode runs an unconditional pass
-    on it; FLUX's embedded guidance ignores it)."""
-    from difflet.families.facts import NEGATIVE_PROMPT_MODES
-
+    on it; embedded guidance ignores it)."""
     return guidance_mode(module) in NEGATIVE_PROMPT_MODES

@@ -103,10 +103,9 @@ def dtype_bytes(dtype: str) -> int:
 def guidance_branches(module: Module) -> int:
     """2 when the denoise step runs true classifier-free guidance (two passes), else 1 (the mode
     the description names, else its family's default)."""
-    from difflet.families import guidance_mode
-    from difflet.families.facts import NEGATIVE_PROMPT_MODES
+    from difflet.families import uses_negative_prompt
 
-    return 2 if guidance_mode(module) in NEGATIVE_PROMPT_MODES else 1
+    return 2 if uses_negative_prompt(module) else 1
 
 
 def round_up(n: int, tile: int) -> int:
