@@ -21,11 +21,12 @@ from difflet.passes.backend_facts import BackendFacts, backend_facts
 @dataclass(frozen=True)
 class Backend(BackendFacts):
     """A declared backend (name, compiler identity, capabilities) and what compiles and loads its
-    programs: `module` (compile_entry, program_weights, CompiledRunner, PROGRAM_FILE, optional
-    require_sdk); `rank_runner` / `prepare_rank_loads` for the programs rank workers load (default:
+    programs: `module` (compile_entry, program_weights, PROGRAM_FILE, optional require_sdk);
+    `runner` (default: the module's CompiledRunner) loads one program; `rank_runner` / `prepare_rank_loads` for the programs rank workers load (default:
     the module's CompiledRunner); `spmd_program` for an spmd_splits backend."""
 
     module: ModuleType | None = None
+    runner: Callable[..., Any] | None = None
     rank_runner: Callable[[Path, Path], Any] | None = None
     prepare_rank_loads: Callable[[], None] = lambda: None
     spmd_program: Callable[..., Any] | None = None
@@ -52,9 +53,10 @@ class Backend(BackendFacts):
     def load(self, program: Path, weights: Path, constants: Path | None = None, shared: dict | None = None):
         """A loaded program; bucket and branch programs pass their `constants` file and the shared
         weights cache (path -> tensors: a weights file several programs share is read once)."""
+        runner = self.runner or self.module.CompiledRunner
         if constants is None:
-            return self.module.CompiledRunner(program, weights)
-        return self.module.CompiledRunner(program, weights, constants, shared)
+            return runner(program, weights)
+        return runner(program, weights, constants, shared)
 
     def load_rank(self, program: Path, weights: Path):
         """The program a rank worker runs, with its presharded weights."""
@@ -74,7 +76,7 @@ def _neuron() -> dict[str, Any]:
     from difflet.codegen import neuron, neuron_load
 
     # a split layout is one NxD SPMD program run from this process (neuron_load), no rank workers
-    return dict(module=neuron, spmd_program=neuron_load.SpmdProgram)
+    return dict(module=neuron, runner=neuron_load.CompiledRunner, spmd_program=neuron_load.SpmdProgram)
 
 
 BEHAVIOUR: dict[str, Callable[[], dict[str, Any]]] = {"inductor": _inductor, "neuron": _neuron}

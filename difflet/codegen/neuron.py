@@ -107,33 +107,3 @@ def compile_entry(node, pm, dest: Path) -> None:
     # inside the program file, so the ART's hard link carries it
     torch.jit.save(traced, str(dest / PROGRAM_FILE), _extra_files={META_FILE: meta})
     shutil.rmtree(workdir, ignore_errors=True)
-
-
-class CompiledRunner:
-    """A saved neuron program with the ART's weights swapped in: `runner(*tensors) -> tuple`."""
-
-    def __init__(self, program_path: Path, weights_path: Path, constants_path: Path | None = None,
-                 shared: dict | None = None) -> None:
-        """`constants_path`/`shared`: a branch program (codegen/branches.py) reads the weights file its
-        branch set shares through `shared` (path -> tensors, read once) plus its own constants."""
-        import torch
-        import torch_neuronx
-        from safetensors.torch import load_file
-
-        extra = {META_FILE: ""}
-        self._model = torch.jit.load(str(program_path), _extra_files=extra)
-        cache = shared if shared is not None else {}
-        if weights_path not in cache:
-            cache[weights_path] = load_file(str(weights_path))
-        own = load_file(str(constants_path)) if constants_path is not None else {}
-        torch_neuronx.replace_weights(self._model, {**cache[weights_path], **own})
-        meta = json.loads(extra[META_FILE] or "{}")
-        self._dropped = set(meta.get("dropped_outputs", ()))
-        self._vector = meta.get("vector_inputs", [])
-
-    def __call__(self, *tensors):
-        from difflet.codegen.neuron_inputs import call_inputs
-
-        out = self._model(*call_inputs(self._vector, tensors))
-        out = tuple(out) if isinstance(out, (list, tuple)) else (out,)
-        return tuple(t for i, t in enumerate(out) if i not in self._dropped)  # aliased state stays on device

@@ -22,6 +22,7 @@ Invariants:
 from __future__ import annotations
 
 import filecmp
+import json
 from pathlib import Path
 
 from difflet.errors import DiffletError
@@ -87,3 +88,35 @@ class SpmdProgram:
 
     def __repr__(self) -> str:
         return f"SpmdProgram({self.name}: {self.world} ranks, neuron)"
+
+
+class CompiledRunner:
+    """A saved neuron program with the ART's weights swapped in: `runner(*tensors) -> tuple`."""
+
+    def __init__(self, program_path: Path, weights_path: Path, constants_path: Path | None = None,
+                 shared: dict | None = None) -> None:
+        """`constants_path`/`shared`: a branch program (codegen/branches.py) reads the weights file its
+        branch set shares through `shared` (path -> tensors, read once) plus its own constants."""
+        import torch
+        import torch_neuronx
+        from safetensors.torch import load_file
+
+        from difflet.codegen.neuron import META_FILE
+
+        extra = {META_FILE: ""}
+        self._model = torch.jit.load(str(program_path), _extra_files=extra)
+        cache = shared if shared is not None else {}
+        if weights_path not in cache:
+            cache[weights_path] = load_file(str(weights_path))
+        own = load_file(str(constants_path)) if constants_path is not None else {}
+        torch_neuronx.replace_weights(self._model, {**cache[weights_path], **own})
+        meta = json.loads(extra[META_FILE] or "{}")
+        self._dropped = set(meta.get("dropped_outputs", ()))
+        self._vector = meta.get("vector_inputs", [])
+
+    def __call__(self, *tensors):
+        from difflet.codegen.neuron_inputs import call_inputs
+
+        out = self._model(*call_inputs(self._vector, tensors))
+        out = tuple(out) if isinstance(out, (list, tuple)) else (out,)
+        return tuple(t for i, t in enumerate(out) if i not in self._dropped)  # aliased state stays on device
