@@ -29,6 +29,7 @@ from difflet.passes import neuron_flags
 class BackendFacts:
     name: str
     compiler: str  # the distribution whose installed version is the key's "compiler" input
+    toolchain: tuple[str, ...] = ()  # further distributions that build or trace this backend's programs
     split_programs: bool = False  # builds layouts of more than one rank
     spmd_splits: bool = False  # a split layout is one SPMD program for all ranks, not a program per rank
     parallel_compiles: bool = False  # missing programs compile concurrently in worker processes
@@ -48,7 +49,8 @@ class BackendFacts:
 BACKENDS: dict[str, BackendFacts] = {
     "inductor": BackendFacts("inductor", compiler="torch", split_programs=True, parallel_compiles=True,
                              shape_buckets=True),
-    "neuron": BackendFacts("neuron", compiler="neuronx-cc", split_programs=True, spmd_splits=True,
+    "neuron": BackendFacts("neuron", compiler="neuronx-cc", toolchain=("torch-neuronx", "neuronx-distributed"),
+                           split_programs=True, spmd_splits=True,
                            flags=neuron_flags.key_part),
 }
 

@@ -4,8 +4,9 @@ Inputs (exactly these, written out by `key_inputs`, printed by `difflet opt --ex
 the component's class, config, entry, dtype and probe attrs; its input/output names and
 types (shapes, dtypes, runtime ranges) with their select/alias/state attrs; its attention
 sites; its planned layout node (attrs and body; for a world-1 layout without its placement:
-ranks, replicas and groups read as one copy on rank 0); the backend; the compiler version; the
-Difflet version, which includes a digest of the source that decides what a program computes
+ranks, replicas and groups read as one copy on rank 0); the backend; the toolchain's versions
+(`compiler_version`: the backend's compiler and toolchain packages, plus torch and the model
+libraries whose classes a program is traced from, diffusers and transformers); the Difflet version, which includes a digest of the source that decides what a program computes
 (codegen, parallel, difflet/kernels and the families but for their host steps), so editing a processor or program wrapper
 never reuses a stale program; whether a probe is carried.
 A world-1 program is the same program wherever and however often it is placed, so a TP1
@@ -45,10 +46,18 @@ def package_version(dist: str) -> str:
         return "absent"
 
 
+# what every program is traced from, whatever the backend: an upgrade of one changes the classes'
+# forward code (diffusers, transformers) or the export (torch), so it must miss the store
+MODEL_LIBRARIES = ("torch", "diffusers", "transformers")
+
+
 def compiler_version(backend: str) -> str:
-    """`PACKAGE==VERSION` of the backend's compiler (an undeclared name stands for its own package)."""
-    dist = BACKENDS[backend].compiler if backend in BACKENDS else backend
-    return f"{dist}=={package_version(dist)}"
+    """`PACKAGE==VERSION ...` of the backend's compiler first (an undeclared name stands for its own
+    package), then its toolchain and MODEL_LIBRARIES, each once."""
+    facts = BACKENDS.get(backend)
+    dists = (facts.compiler, *facts.toolchain) if facts is not None else (backend,)
+    dists = tuple(dict.fromkeys((*dists, *MODEL_LIBRARIES)))
+    return " ".join(f"{d}=={package_version(d)}" for d in dists)
 
 
 def flags_part(backend: str, target: str | None) -> dict[str, Any]:
