@@ -17,6 +17,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from calibration_oracle import expected_selection, fit_statistics
 from conftest import REPO, shared_store_dir
 from difflet.cli import main
 from difflet.ir.nodes import Op, RuntimeType
@@ -125,7 +126,8 @@ def test_calibrate_writes_a_file_tied_to_the_probe(family, calibrated):
     data = json.loads(calibrated.read_text())
     manifest = read_manifest(family[3])
     assert data["probe_cache_key"] == manifest.components["probe"].cache_key
-    assert data["selected"] in ("calibrated", "online-delta", "cadence")
+    r2, pearson = fit_statistics(data)  # recomputed from the file's samples (calibration_oracle.py)
+    assert data["r2"] == pytest.approx(r2, abs=1e-6) and data["selected"] == expected_selection(r2, pearson)
     assert len(data["samples"]) == 2 and len(data["samples"][0]["scores"]) == CAL_STEPS
 
 
@@ -147,8 +149,15 @@ def test_calibrated_serve_skips_steps_and_modes_compile_nothing(family, calibrat
     loose = runner.generate(runner.resolve(prompt="a lighthouse", seed=3, steps=steps,
                                            cache=f"calibrated:{calibrated}:1e9"))
     assert loose.stats["cached_steps"] > 0 and loose.stats["denoiser_calls"] < full.stats["denoiser_calls"]
-    for mode in ("cadence:2", "cadence:3", "online-delta", f"calibrated:{calibrated}:0.01:step"):
-        runner.generate(runner.resolve(prompt="a lighthouse", seed=3, steps=steps, cache=mode))
+    # controller.py's documented rule at 14 steps (5 full steps at each end, so window 5..8):
+    # cadence:N runs step i full iff (i - 5) % N == 0
+    for mode, window in (("cadence:2", "FCFC"), ("cadence:3", "FCCF")):
+        res = runner.generate(runner.resolve(prompt="a lighthouse", seed=3, steps=steps, cache=mode))
+        assert res.stats["schedule"] == "F" * 5 + window + "F" * 5, mode
+    for mode in ("online-delta", f"calibrated:{calibrated}:0.01:step"):
+        res = runner.generate(runner.resolve(prompt="a lighthouse", seed=3, steps=steps, cache=mode))
+        sched = res.stats["schedule"]
+        assert sched[:5] + sched[-5:] == "F" * 10 and res.stats["cached_steps"] == sched.count("C"), mode
     again = codegen(module, str(ckpt), tmp_path / "again", store=shared_store_dir(), log=lambda *_: None)
     assert again.compiled == [] and "probe" in again.reused
     assert _files(art) == before  # the served artifact is read, never rewritten

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from calibration_oracle import expected_selection, fit_statistics
+
 from difflet.errors import DiffletError
 from difflet.runtime.cancel import Cancelled
 from difflet.runtime.runner import ModelRunner
@@ -135,22 +137,10 @@ def test_calibration_file_content(calibration_file, runner):
     assert data["format"] == "difflet-stepcache-calibration" and data["version"] == 1
     assert data["probe_cache_key"] == runner.module.find(Op.PROBE)[0].attrs["cache_key"]
     assert len(data["coefficients"]) == 3 and data["threshold"] > 0
-    # the fit's statistics recomputed from the file's own samples, independently of calibration.py:
-    # least squares on a Vandermonde matrix, and Pearson r written out
-    pairs = [(s, c) for run in data["samples"] for s, c in zip(run["scores"], run["changes"])
-             if s is not None and c is not None]
-    x, y = np.array(pairs).T
-    fit = np.linalg.lstsq(np.vander(x, 3), y, rcond=None)[0]
-    r2 = 1 - np.sum((y - np.vander(x, 3) @ fit) ** 2) / np.sum((y - y.mean()) ** 2)
+    r2, pearson = fit_statistics(data)  # recomputed from the file's samples (calibration_oracle.py)
     assert data["r2"] == pytest.approx(r2, abs=1e-6)
-    runs = [[c for c in run["changes"] if c is not None] for run in data["samples"]]
-    a, b = np.concatenate([r[:-1] for r in runs]), np.concatenate([r[1:] for r in runs])
-    pearson = np.sum((a - a.mean()) * (b - b.mean())) / np.sqrt(np.sum((a - a.mean()) ** 2) * np.sum((b - b.mean()) ** 2))
     assert data["neighbour_r"] == pytest.approx(pearson, abs=1e-6)
-    # docs/architecture.md's selection: calibrated if the curve explains half the variance, else
-    # online-delta if neighbouring changes correlate at r >= 0.5, else cadence
-    expected = "calibrated" if r2 >= 0.5 else ("online-delta" if pearson >= 0.5 else "cadence")
-    assert data["selected"] == expected
+    assert data["selected"] == expected_selection(r2, pearson)
     # default target: cadence 2's skip budget at 20 steps (window 10 -> 5 cached), replayed per prompt
     assert data["target"]["skip_budget"] == 5
     assert np.mean(data["replayed_skips"]) >= 5
