@@ -50,10 +50,17 @@ def test_server_serves_calibrated_and_every_mode_per_request(wan_probe_art):
         loose = grpc_client.generate(address, "a fox in snow", 1, steps=STEPS, cache=f"calibrated:{cal}:1e9")
         # threshold 1e9: every step outside the 5 + 5 kept full is cached
         assert (loose.cached_steps, loose.denoiser_calls) == (STEPS - 10, 10)
-        # per-request modes on the same programs (online-delta decides from the outputs: any count)
-        for mode, cached in (("off", 0), ("cadence:2", 2), ("online-delta", None)):
+        # per-request modes on the same programs; cadence:2 at 14 steps caches steps 6 and 8
+        for mode, cached in (("off", 0), ("cadence:2", 2)):
             reply = grpc_client.generate(address, "a fox in snow", 1, steps=STEPS, cache=mode)
-            assert reply.cache == mode and cached in (None, reply.cached_steps), mode
+            assert (reply.cache, reply.cached_steps, reply.denoiser_calls) == (mode, cached, STEPS - cached), mode
+        delta = grpc_client.generate(address, "a fox in snow", 1, steps=STEPS, cache="online-delta")
     finally:
         assert stop_server(proc) == 0
     assert _files(art) == before  # served from the saved programs, nothing rewritten or compiled
+    # online-delta decides from the outputs: the served decisions are the in-process runner's
+    from difflet.runtime.runner import ModelRunner
+
+    runner = ModelRunner.from_artifacts(art)
+    local = runner.generate(runner.resolve(prompt="a fox in snow", seed=1, steps=STEPS, cache="online-delta"))
+    assert (delta.cached_steps, delta.denoiser_calls) == (local.stats["cached_steps"], local.stats["denoiser_calls"])
