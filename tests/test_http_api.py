@@ -26,8 +26,15 @@ PROMPT = "a red fox in the snow"
 
 
 @pytest.fixture(scope="module")
-def server(flux_tiny_art):
-    proc, grpc_address, http_address = start_http_server(flux_tiny_art, "--queue-size", "1")
+def hold_file(tmp_path_factory):
+    """While this file exists, the server's requests stop after each step (DIFFLET_FAULTS hold-steps)."""
+    return tmp_path_factory.mktemp("hold") / "hold-steps"
+
+
+@pytest.fixture(scope="module")
+def server(flux_tiny_art, hold_file):
+    proc, grpc_address, http_address = start_http_server(flux_tiny_art, "--queue-size", "1",
+                                                         env={"DIFFLET_FAULTS": f"hold-steps:{hold_file}"})
     yield proc, grpc_address, http_address
     assert stop_server(proc) == 0
 
@@ -151,10 +158,11 @@ def test_a_passed_deadline_is_504_and_the_server_serves_on(server, oai):
     assert oai.images.generate(prompt=PROMPT, extra_body={"seed": 2}).data[0].b64_json
 
 
-def test_a_full_queue_is_429_and_shares_the_grpc_queue(server):
+def test_a_full_queue_is_429_and_shares_the_grpc_queue(server, hold_file):
     _, grpc_address, http_address = server
-    # capacity 2 (--queue-size 1, one replica): one running 1000-step request and one queued fill
-    # it; the HTTP request comes right after the queued one's admission, long before 1000 steps end
+    # capacity 2 (--queue-size 1, one replica): one running request, held after its first step
+    # until cancelled (hold-steps), and one queued fill it, for as long as the test needs
+    hold_file.write_text("")
     running = Stream(grpc_address, PROMPT, 1, steps=1000, request_id="fill-running")
     running.wait_for("progress")
     waiting = Stream(grpc_address, PROMPT, 1, steps=1000, request_id="fill-queued")
@@ -166,6 +174,7 @@ def test_a_full_queue_is_429_and_shares_the_grpc_queue(server):
     for stream, rid in ((waiting, "fill-queued"), (running, "fill-running")):
         grpc_client.cancel(grpc_address, rid)
         assert stream.finish()[1].code() == grpc.StatusCode.CANCELLED
+    hold_file.unlink()
 
 
 def test_health_playground_metrics_and_no_torch_in_the_api_process(server):

@@ -27,7 +27,9 @@ Invariants:
 - DIFFLET_FAULTS (tests only): "hang-on-cancel" blocks forever when asked to stop (a
   generation stuck in a device call, the case --grace exists for);
   "hold-load:PATH" makes the first process (generation 0) wait until a line can be read from
-  the FIFO at PATH before loading.
+  the FIFO at PATH before loading; "hold-steps:PATH" holds every request after each step's
+  progress while the file PATH exists, until it is removed or the request is cancelled (so a
+  test keeps a request running for as long as it needs, however fast the model).
 """
 from __future__ import annotations
 
@@ -78,10 +80,12 @@ def _count_compiles() -> list[int]:
     return count
 
 
-def _faults(generation: int) -> tuple[bool, str | None]:
+def _faults(generation: int) -> tuple[bool, str | None, str | None]:
+    """(hang-on-cancel, hold-load FIFO for generation 0, hold-steps file) from DIFFLET_FAULTS."""
     spec = [f.strip() for f in os.environ.get("DIFFLET_FAULTS", "").split(",") if f.strip()]
     hold = next((f.split(":", 1)[1] for f in spec if f.startswith("hold-load:")), None)
-    return "hang-on-cancel" in spec, hold if generation == 0 else None
+    steps = next((f.split(":", 1)[1] for f in spec if f.startswith("hold-steps:")), None)
+    return "hang-on-cancel" in spec, hold if generation == 0 else None, steps
 
 
 def _load(config: dict[str, Any]):
@@ -101,7 +105,7 @@ def _send(conn, message: msg.ToApi) -> None:
 
 
 def _run(conn, runner, run: msg.Run, should_stop: Callable, compiles: list[int],
-         default_cache: str) -> None:
+         default_cache: str, hold: Callable[[], None] = lambda: None) -> None:
     from difflet.errors import DiffletError
     from difflet.runtime.cancel import Cancelled
 
@@ -109,6 +113,7 @@ def _run(conn, runner, run: msg.Run, should_stop: Callable, compiles: list[int],
 
     def on_step(step: int, total: int, cached: bool) -> None:
         _send(conn, msg.Step(seq, int(step) + 1, int(total), bool(cached)))
+        hold()
 
     try:
         params = runner.admitted(fields)  # validated once, in the API process
@@ -149,7 +154,7 @@ def serve(conn, config: dict[str, Any]) -> None:
     import faulthandler
 
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` dumps stacks
-    hang_on_cancel, hold = _faults(int(config.get("generation", 0)))
+    hang_on_cancel, hold, hold_steps = _faults(int(config.get("generation", 0)))
     began = time.perf_counter()
     try:
         import torch
@@ -183,9 +188,13 @@ def serve(conn, config: dict[str, Any]) -> None:
                 time.sleep(3600)
             return stop
 
+        def held() -> None:
+            while hold_steps and os.path.exists(hold_steps) and run.seq not in cancelled:
+                time.sleep(0.01)
+
         def body() -> None:
             try:
-                _run(conn, runner, run, should_stop, compiles, config["cache"])
+                _run(conn, runner, run, should_stop, compiles, config["cache"], held)
             finally:
                 cancelled.discard(run.seq)
 
