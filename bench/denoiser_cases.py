@@ -64,8 +64,8 @@ FLUX_DENOISER = """denoiser transformer = diffusers.FluxTransformer2DModel from 
     input encoder_hidden_states: dtype[1, {text}, 4096]
     input pooled_projections:    dtype[1, 768]
     input timestep:              dtype[1]
-    input img_ids:               dtype[{v}, 3]
-    input txt_ids:               dtype[{text}, 3]
+    input img_rope:              float32[{v}, 256]
+    input txt_rope:              float32[{text}, 256]
     input guidance:              float32[1]
     input valid_text: runtime valid_text
     output sample: dtype[1, {v}, 64] select 0
@@ -134,6 +134,12 @@ def eager_inputs(case: Case, dev) -> dict:
 
 def program_values(case: Case, kw: dict) -> dict:
     """`eager_inputs` by the program's IR input names: the key mask becomes the valid-key count."""
-    values = {k: v for k, v in kw.items() if k != "encoder_attention_mask"}
+    values = {k: v for k, v in kw.items() if k not in ("encoder_attention_mask", "img_ids", "txt_ids")}
+    if case.family == "flux":  # the host's RoPE tables (families/flux/host.py) in place of the ids
+        from difflet.families.flux.host import rope_tables
+
+        side = case.px // 16
+        values["img_rope"], values["txt_rope"] = rope_tables(tuple(FLUX_CONFIG["axes_dims_rope"]), side, side,
+                                                             FLUX_TEXT, kw["img_ids"].dtype, kw["txt_ids"].dtype)
     values["valid_text"] = VALID_TEXT if case.family == "hunyuan" else FLUX_TEXT
     return values

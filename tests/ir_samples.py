@@ -33,8 +33,8 @@ def _transformer() -> Node:
         _tensor_input("encoder_hidden_states", (1, 32, 32), 21),
         _tensor_input("pooled_projections", (1, 16), 22),
         _tensor_input("timestep", (1,), 23),
-        _tensor_input("img_ids", (64, 3), 24),
-        _tensor_input("txt_ids", (32, 3), 25),
+        _tensor_input("img_rope", (64, 16), 24),  # [tokens, 2 * head_dim]: cos | sin
+        _tensor_input("txt_rope", (32, 16), 25),
         _tensor_input("guidance", (1,), 26),
         Node(Op.INPUT, "valid_text", args=("valid_text",),
              results=(Value("valid_text", RuntimeType("int64", 1, 32)),), loc=at(27, 5)),

@@ -100,7 +100,7 @@ def test_lowering_adds_batch_buckets_to_the_denoiser_only():
     b4 = next(c for c in m.components() if c.name == "transformer@32x32b4")
     shapes = {n.name: n.results[0].type.shape for n in b4.body if n.op.value in ("input", "output")
               and hasattr(n.results[0].type, "shape")}
-    assert shapes["hidden_states"][0] == 4 and shapes["timestep"] == (4,) and shapes["img_ids"][0] == 64
+    assert shapes["hidden_states"][0] == 4 and shapes["timestep"] == (4,) and shapes["img_rope"][0] == 64
 
 
 @pytest.mark.parametrize("args, message", [

@@ -83,7 +83,9 @@ def test_text_encoder_programs_match_bf16_encoders(programs, pipe):
 
 
 def test_transformer_program_matches_exact_maths_better_than_eager_bf16(programs, pipe, ckpt):
-    from diffusers import FluxTransformer2DModel
+    from diffusers import FluxPipeline, FluxTransformer2DModel
+
+    from difflet.families.flux.host import rope_tables
 
     exact = FluxTransformer2DModel.from_pretrained(str(ckpt), subfolder="transformer", torch_dtype=torch.float32)
     g = torch.Generator().manual_seed(1)
@@ -91,9 +93,9 @@ def test_transformer_program_matches_exact_maths_better_than_eager_bf16(programs
     x = torch.randn(1, 64, 16, generator=g).to(bf)
     text = torch.randn(1, 32, 32, generator=g).to(bf)
     pooled = torch.randn(1, 32, generator=g).to(bf)
-    img_ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(8.), torch.arange(8.), indexing="ij"),
-                          -1).reshape(64, 3).to(bf)
+    img_ids = FluxPipeline._prepare_latent_image_ids(1, 8, 8, "cpu", bf)  # what FluxPipeline passes in bf16
     txt_ids = torch.zeros(32, 3, dtype=bf)
+    img_rope, txt_rope = rope_tables((4, 6, 6), 8, 8, 32, bf, bf)  # the program's: the host's tables
     guidance = torch.tensor([3.5])
     for t in (1.0, 0.5, 0.02):
         timestep = torch.tensor([t], dtype=bf)
@@ -102,7 +104,7 @@ def test_transformer_program_matches_exact_maths_better_than_eager_bf16(programs
         with torch.no_grad():
             eager = pipe.transformer(**args, guidance=guidance, return_dict=False)[0]
             want = exact(**{k: v.float() for k, v in args.items()}, guidance=guidance, return_dict=False)[0]
-        (got,) = run(programs["transformer"], x, text, pooled, timestep, img_ids, txt_ids, guidance,
+        (got,) = run(programs["transformer"], x, text, pooled, timestep, img_rope, txt_rope, guidance,
                      torch.tensor(32))
         assert got.dtype == torch.bfloat16
         assert cos(got, want) >= 0.9999, t

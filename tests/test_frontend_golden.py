@@ -94,7 +94,7 @@ def test_profile_override_reshapes_every_component() -> None:
     assert m.attrs["profile"]["height"] == 64 and m.attrs["profile"]["steps"] == 10
     t = m.component("transformer")
     assert t.find(Op.INPUT, "hidden_states")[0].results[0].type.shape == (1, 16 * 12, 16)
-    assert t.find(Op.INPUT, "img_ids")[0].results[0].type.shape == (16 * 12, 3)
+    assert t.find(Op.INPUT, "img_rope")[0].results[0].type.shape == (16 * 12, 32)  # cos | sin, head_dim 16
     assert m.component("vae").find(Op.OUTPUT, "sample")[0].results[0].type.shape == (1, 3, 64, 48)
     assert m.find(Op.RUNTIME, "step")[0].results[0].type.hi == 9
 

@@ -33,9 +33,22 @@ def _plan(parallel, attention):
                     attention=attention, target="cpu")
 
 
+def _inputs(node):
+    """(program inputs, diffusers' forward inputs): example inputs, with the host's RoPE tables
+    (families/flux/host.py) for the program where diffusers takes FluxPipeline's position ids."""
+    from diffusers import FluxPipeline
+
+    from difflet.codegen.build import example_inputs
+    from difflet.families.flux.host import rope_tables
+
+    prog, ref = list(example_inputs(node)), list(example_inputs(node))
+    prog[4], prog[5] = rope_tables((4, 6, 6), 8, 8, T, torch.float32, torch.float32)  # img_rope, txt_rope
+    ref[4], ref[5] = FluxPipeline._prepare_latent_image_ids(1, 8, 8, "cpu", torch.float32), torch.zeros(T, 3)
+    return prog, ref
+
+
 def _sweep_body(rank, world, configs, ckpt, valids, bf16):
     """On this rank: every config's split denoiser output at every valid_text (and one bf16 run)."""
-    from difflet.codegen.build import example_inputs
     from difflet.codegen.split_codegen import degrees
     from difflet.codegen.split_layout import build_rank_module
     from difflet.parallel.groups import make_groups
@@ -44,12 +57,13 @@ def _sweep_body(rank, world, configs, ckpt, valids, bf16):
     for parallel, attention in configs:
         node = _plan(parallel, attention).component("transformer")
         pm = build_rank_module(node, ckpt, make_groups(degrees(node)))
-        x = example_inputs(node)
+        x = _inputs(node)[0]
         with torch.no_grad():
             out[parallel, attention] = [pm(*x[:-1], torch.tensor(v))[0] for v in valids]
             if (parallel, attention) == bf16:
                 pm = pm.to(torch.bfloat16)
-                xb = [t.to(torch.bfloat16) if t.is_floating_point() else t for t in x[:-1]]
+                xb = [t.to(torch.bfloat16) if t.is_floating_point() and i not in (4, 5) else t  # tables: float32
+                      for i, t in enumerate(x[:-1])]
                 out["bf16"] = pm(*xb, torch.tensor(T))[0].float()
     return out
 
@@ -59,12 +73,11 @@ def flux4(difflet_test_store):
     """(checkpoint, inputs, diffusers reference model, oracle outputs per valid_text)."""
     import diffusers
 
-    from difflet.codegen.build import example_inputs
     from difflet.codegen.checkpoint import resolve_weights
 
     module = _plan("tp1", None)
     ckpt = resolve_weights(module, "random:0", difflet_test_store)
-    x = example_inputs(module.component("transformer"))
+    x = _inputs(module.component("transformer"))[1]
     ref = diffusers.FluxTransformer2DModel.from_pretrained(str(ckpt), subfolder="transformer").eval()
     seq = T + x[0].shape[1]
     oracle = {}

@@ -63,9 +63,9 @@ denoiser transformer = diffusers.FluxTransformer2DModel from "transformer" {
     input encoder_hidden_states: dtype[1, max_text, transformer.joint_attention_dim]
     input pooled_projections:    dtype[1, transformer.pooled_projection_dim]
     input timestep:              dtype[1]
-    input img_ids: dtype[(height / 2 ** len(vae.block_out_channels))
-                         * (width / 2 ** len(vae.block_out_channels)), 3]
-    input txt_ids:               dtype[max_text, 3]
+    input img_rope: float32[(height / 2 ** len(vae.block_out_channels))
+                            * (width / 2 ** len(vae.block_out_channels)), 2 * transformer.attention_head_dim]
+    input txt_rope: float32[max_text, 2 * transformer.attention_head_dim]  # cos | sin: host FluxPosEmbed
     input valid_text: runtime valid_text
     output sample: dtype[1, (height / 2 ** len(vae.block_out_channels))
                             * (width / 2 ** len(vae.block_out_channels)), transformer.in_channels] select 0

@@ -57,8 +57,8 @@ denoiser transformer = diffusers.FluxTransformer2DModel from "transformer" {
     input encoder_hidden_states: dtype[1, max_text, 32]
     input pooled_projections:    dtype[1, 32]
     input timestep:              dtype[1]
-    input img_ids:               dtype[(height / 4) * (width / 4), 3]
-    input txt_ids:               dtype[max_text, 3]
+    input img_rope:              float32[(height / 4) * (width / 4), 2 * transformer.attention_head_dim]
+    input txt_rope:              float32[max_text, 2 * transformer.attention_head_dim]  # cos | sin: host FluxPosEmbed
     input valid_text: runtime valid_text
     output sample: dtype[1, (height / 4) * (width / 4), 16] select 0
 

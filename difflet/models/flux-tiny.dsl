@@ -54,8 +54,8 @@ denoiser transformer = diffusers.FluxTransformer2DModel from "transformer" {
     input encoder_hidden_states: dtype[batch, max_text, 32]
     input pooled_projections:    dtype[batch, 32]
     input timestep:              dtype[batch]
-    input img_ids:               dtype[(height / 4) * (width / 4), 3]
-    input txt_ids:               dtype[max_text, 3]
+    input img_rope:              float32[(height / 4) * (width / 4), 2 * transformer.attention_head_dim]
+    input txt_rope:              float32[max_text, 2 * transformer.attention_head_dim]  # cos | sin: host FluxPosEmbed
     input guidance:              float32[batch]   # the pipeline builds it in fp32
     input valid_text: runtime valid_text
     output sample: dtype[batch, (height / 4) * (width / 4), 16] select 0

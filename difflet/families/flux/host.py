@@ -7,10 +7,15 @@ Invariants:
 - Sampling state (CPU torch.Generator seeded with the request seed, a fresh scheduler instance)
   lives in `RequestState`, never in `HostEnv`.
 - FLUX attends its T5 padding, so `valid_text` crosses as its IR default (the padded length).
+- The RoPE tables (img_rope, txt_rope: [tokens, 2 * head_dim], cos | sin, float32) are diffusers'
+  own FluxPosEmbed on the ids FluxPipeline builds (in its dtypes), computed here once per shape:
+  FluxPosEmbed is row-wise, so cat(txt_rope, img_rope) = FluxPosEmbed(cat(txt_ids, img_ids)).
 - The denoise loop's single per-step transformer call is `predict_noise`; `cached_loop` wraps
   it with the host step-cache controller (a cached step never calls the transformer).
 """
 from __future__ import annotations
+
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -20,18 +25,29 @@ from difflet.families.flux.facts import FACTS
 from difflet.ir.nodes import Node, Op
 from difflet.runtime.host import host_step
 from difflet.runtime.host.loop import cached_loop
-from difflet.runtime.host.toolkit import (calculate_shift, class_config_value, guidance, make_scheduler,
-                                          pack_latents, packed_latent_geometry, unpack_latents)
+from difflet.runtime.host.toolkit import (calculate_shift, class_config_value, guidance, input_shape,
+                                          make_scheduler, pack_latents, packed_latent_geometry, unpack_latents)
 from difflet.runtime.host.env import HostEnv, RequestState
 
 
-def latent_image_ids(height: int, width: int) -> torch.Tensor:
-    """[(h)(w), 3] RoPE ids of the packed latent grid: (0, row, col)."""
-    ids = torch.zeros(height, width, 3)
-    ids[..., 1] = ids[..., 1] + torch.arange(height)[:, None]
-    ids[..., 2] = ids[..., 2] + torch.arange(width)[None, :]
-    return ids.reshape(height * width, 3)
+@lru_cache(maxsize=16)
+def rope_tables(axes_dim: tuple[int, ...], rows: int, cols: int, text_len: int, img_dtype: torch.dtype,
+                txt_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(img_rope [rows * cols, 2D], txt_rope [text_len, 2D]) float32, cos | sin (module docstring);
+    cached per shape, so callers must not modify them."""
+    from diffusers import FluxPipeline
+    from diffusers.models.transformers.transformer_flux import FluxPosEmbed
 
+    # theta 10000: FluxTransformer2DModel.__init__ (transformer_flux.py) builds its pos_embed so
+    pos_embed = FluxPosEmbed(theta=10000, axes_dim=list(axes_dim))
+    # the ids FluxPipeline passes (pipeline_flux.py prepare_latents / encode_prompt), in its dtypes
+    img_ids = FluxPipeline._prepare_latent_image_ids(1, rows, cols, torch.device("cpu"), img_dtype)
+    txt_ids = torch.zeros(text_len, 3).to(device=torch.device("cpu"), dtype=txt_dtype)
+    tables = []
+    for ids in (img_ids, txt_ids):
+        cos, sin = pos_embed(ids)  # float64 inside on CPU, float32 out
+        tables.append(torch.cat([cos, sin], dim=-1).float().contiguous())
+    return tables[0], tables[1]
 
 
 
@@ -49,20 +65,18 @@ def tokenize(env: HostEnv, component: Node, prompt: str) -> torch.Tensor:
 
 @host_step("flux.encode_prompt", phase="encode")
 def encode_prompt(env: HostEnv, step: Node, state: RequestState) -> None:
-    """CLIP pooled vector (args[0]) + T5 sequence embeddings (args[1]); text ids are zeros."""
+    """CLIP pooled vector (args[0]) + T5 sequence embeddings (args[1])."""
     clip, t5 = (env.component(name) for name in step.args)
     prompt = state.params.prompt
     pooled = env.invoke(clip.name, input_ids=tokenize(env, clip, prompt))
     embeds = env.invoke(t5.name, input_ids=tokenize(env, t5, prompt))
     state.values["pooled_projections"] = next(iter(pooled.values()))
     state.values["encoder_hidden_states"] = next(iter(embeds.values()))
-    text_len = state.values["encoder_hidden_states"].shape[1]
-    state.values["txt_ids"] = torch.zeros(text_len, 3)
 
 
 @host_step("flux.prepare_latents", phase="denoise")
 def prepare_latents(env: HostEnv, step: Node, state: RequestState) -> None:
-    """Seeded noise from a CPU generator (the reference's exact draw), packed 2x2, plus img ids."""
+    """Seeded noise from a CPU generator (the reference's exact draw), packed 2x2."""
     from diffusers.utils.torch_utils import randn_tensor
 
     params = state.params
@@ -71,7 +85,7 @@ def prepare_latents(env: HostEnv, step: Node, state: RequestState) -> None:
     noise = randn_tensor((1, channels, height, width), generator=generator,
                          device=torch.device("cpu"), dtype=torch.float32)
     state.values["latents"] = pack_latents(noise)
-    state.values["img_ids"] = latent_image_ids(height // 2, width // 2)
+    state.values["latent_grid"] = (height // 2, width // 2)  # packed tokens per side: the RoPE grid
 
 
 def timesteps_for(scheduler, num_steps: int, image_seq_len: int) -> torch.Tensor:
@@ -99,8 +113,8 @@ def denoiser_inputs(state: RequestState, latents: torch.Tensor, t: torch.Tensor)
         encoder_hidden_states=values["encoder_hidden_states"],
         pooled_projections=values["pooled_projections"],
         timestep=t.expand(latents.shape[0]).to(latents.dtype) / 1000,
-        img_ids=values["img_ids"],
-        txt_ids=values["txt_ids"],
+        img_rope=values["img_rope"],
+        txt_rope=values["txt_rope"],
         **values["denoise_extra"],
     )
 
@@ -132,6 +146,7 @@ def denoise(env: HostEnv, step: Node, state: RequestState) -> None:
     if "valid_text" in names:
         extra["valid_text"] = env.runtime_default("valid_text")
     state.values["denoise_extra"] = extra
+    state.values["img_rope"], state.values["txt_rope"] = denoiser_rope(env.component(transformer), state)
 
     scheduler = make_scheduler(step)
     latents = state.values["latents"]
@@ -140,6 +155,22 @@ def denoise(env: HostEnv, step: Node, state: RequestState) -> None:
         env, state, scheduler, timesteps, latents,
         predict=lambda x, t: predict_noise(env, transformer, state, x, t),
         probe_inputs=lambda x, t: denoiser_inputs(state, x, t))
+
+
+def denoiser_rope(transformer: Node, state: RequestState) -> tuple[torch.Tensor, torch.Tensor]:
+    """The request's RoPE tables, checked against the program's img_rope/txt_rope widths."""
+    axes = tuple(int(d) for d in class_config_value(transformer, "axes_dims_rope"))
+    text = state.values["encoder_hidden_states"]
+    # FluxPipeline: latent ids in prompt_embeds' dtype, text ids in the CLIP encoder's
+    img, txt = rope_tables(axes, *state.values["latent_grid"], text.shape[1], text.dtype,
+                           state.values["pooled_projections"].dtype)
+    for name, table in (("img_rope", img), ("txt_rope", txt)):
+        width = input_shape(transformer, name)[-1]
+        if width != table.shape[-1]:
+            raise DiffletError(f"transformer input {name!r} is {width} wide, but axes_dims_rope {list(axes)} "
+                               f"gives tables of 2 * {sum(axes)} = {table.shape[-1]} (cos | sin)",
+                               where=transformer.loc)
+    return img, txt
 
 
 @host_step("flux.decode", phase="decode")

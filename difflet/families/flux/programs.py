@@ -1,5 +1,5 @@
 """FLUX codegen declarations: FluxPipeline checkpoints and FluxTransformer2DModel's processors,
-split facts, step-caching probe and float64-free RoPE.
+split facts, step-caching probe and the program wrapper that takes RoPE tables as inputs.
 
 Invariants:
 - The attention processors compute q/k/v exactly as diffusers' FluxAttnProcessor and differ
@@ -8,10 +8,13 @@ Invariants:
   count defaults to the padded length.
 - The probe runs the denoiser's input projection, timestep/guidance/pooled embedding and the
   first block's norm1 (AdaLayerNormZero), stopping before attention (difflet/codegen/probe.py).
-- FluxPosEmbed's positions are program inputs (img_ids, txt_ids), so its table cannot be a
-  constant: the inverse frequencies (theta and axis widths only) are computed on the host in
-  float64 (diffusers' own values) and kept as a float32 buffer; the angle and its cos/sin run in
-  float32, what diffusers itself does on MPS/NPU (`maybe_adjust_dtype_for_device`).
+- No RoPE is computed in any FLUX graph (Neuron cores have no FP64; diffusers' FluxPosEmbed
+  runs in float64 on CPU): the host computes the tables with diffusers' own FluxPosEmbed
+  (difflet/families/flux/host.py) and the program takes them as inputs img_rope / txt_rope
+  [tokens, 2 * head_dim] (cos | sin, float32), fed where diffusers' forward takes img_ids /
+  txt_ids; the model's pos_embed only splits the concatenated table (`FluxRopeTable`), so
+  `pos_embed(cat(txt, img))` is diffusers' own table bit for bit. NxD Inference does the same:
+  its host wrapper computes `pos_embed(ids)` and passes image_rotary_emb into the compiled model.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import torch
 from difflet.codegen.joint_ops import joint_bounded_attention, split_joint_attention
 from difflet.codegen.decl import ClassDecl, ProbeDecl, SplitDecl
 from difflet.codegen.probe_feature import FeatureProbe
+from difflet.codegen.program_module import ProgramModule
 from difflet.errors import DiffletError
 
 # FluxPipeline's optional IP-Adapter components, absent
@@ -120,42 +124,40 @@ class FluxProbe(FeatureProbe):
         return self.norm1(hidden, emb=temb)[0]
 
 
-class Fp32FluxRope(torch.nn.Module):
-    """FluxPosEmbed's (cos, sin) tables [S, sum(axes_dim)] from ids [S, n_axes], in float32 only."""
+class FluxRopeTable(torch.nn.Module):
+    """Stands in for FluxPosEmbed: takes the host's [S, 2 * D] table (cos | sin), returns the
+    (cos, sin) pair FluxPosEmbed would; a split, no arithmetic, no tensors of its own."""
 
-    def __init__(self, theta: float, axes_dim: list[int]) -> None:
-        super().__init__()
-        self.axes_dim = [int(d) for d in axes_dim]
-        inv = [1.0 / (float(theta) ** (torch.arange(0, d, 2, dtype=torch.float64) / d)) for d in self.axes_dim]
-        # one float32 row per axis, concatenated; computed once on the host in float64
-        self.register_buffer("inv_freq", torch.cat(inv).to(torch.float32), persistent=False)
-
-    def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        pos, inv = ids.float(), self.inv_freq.to(ids.device)
-        start, angles = 0, []
-        for i, d in enumerate(self.axes_dim):
-            angles.append(torch.outer(pos[:, i], inv[start:start + d // 2]))  # float32 [S, d/2]
-            start += d // 2
-        a = torch.cat(angles, dim=-1)
-        return a.cos().repeat_interleave(2, dim=1), a.sin().repeat_interleave(2, dim=1)
+    def forward(self, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        half = table.shape[-1] // 2
+        return table[:, :half], table[:, half:]
 
 
-def fp32_flux_rope(module: torch.nn.Module) -> bool:
-    """Compute a FluxPosEmbed's tables without float64 (module docstring); False if done already."""
-    if hasattr(module, "difflet_fp32"):
-        return False
-    fp32 = Fp32FluxRope(module.theta, list(module.axes_dim))
-    module.add_module("difflet_fp32", fp32)
-    module.forward = fp32.forward
-    return True
+# IR input -> the FluxTransformer2DModel.forward argument it is fed as (forward concatenates
+# (txt_ids, img_ids) along tokens and hands the result to pos_embed, now FluxRopeTable)
+ROPE_INPUTS = {"img_rope": "img_ids", "txt_rope": "txt_ids"}
 
 
-FP32_ROPE = {"FluxPosEmbed": fp32_flux_rope}
+class FluxProgram(ProgramModule):
+    """The FLUX denoiser program: IR inputs as ProgramModule, with the host's RoPE tables fed in
+    place of the position ids and the model's pos_embed replaced by FluxRopeTable."""
+
+    def __init__(self, model: torch.nn.Module, node) -> None:
+        super().__init__(model, node)
+        missing = [n for n in ROPE_INPUTS if n not in self.input_names]
+        stale = [n for n in ROPE_INPUTS.values() if n in self.input_names]
+        if missing or stale:
+            raise DiffletError(f"component {node.name!r}: a FLUX denoiser takes its RoPE tables as inputs "
+                               f"img_rope and txt_rope (float32[tokens, 2 * head_dim]), not position ids; "
+                               f"missing {missing}" + (f", has {stale}" if stale else ""), where=node.loc)
+        self.input_names = [ROPE_INPUTS.get(n, n) for n in self.input_names]
+        if not isinstance(model.pos_embed, FluxRopeTable):
+            model.pos_embed = FluxRopeTable()  # FluxPosEmbed holds no tensors: the state dict is unchanged
 
 CLASSES = {
     DENOISER: ClassDecl(
-        processor=FluxBoundedAttnProcessor,
-        split=SplitDecl(visual_inputs={"hidden_states": 1, "img_ids": 0}, visual_outputs={"sample": 1},
+        processor=FluxBoundedAttnProcessor, wrapper=FluxProgram,
+        split=SplitDecl(visual_inputs={"hidden_states": 1, "img_rope": 0}, visual_outputs={"sample": 1},
                         sp_entries=("context_embedder", "x_embedder"),
                         joint_prefixes=("single_transformer_blocks.",), processor=FluxSplitAttnProcessor),
         probe=ProbeDecl(inputs=("hidden_states", "timestep", "pooled_projections", "guidance"),
