@@ -65,7 +65,8 @@ class DiffletServer:
         # compiled batch size, so an artifact lowered with --batch-sizes batches as compiled)
         self.max_batch = max_batch or max(self.info.manifest.batch_sizes)
         config = {"root": str(art), "cache": self.cache, "threads": threads, "verify": verify,
-                  "max_batch": self.max_batch, "cores": core_sets(replicas), "lossless_video": lossless_video}
+                  "max_batch": self.max_batch, "cores": core_sets(replicas), "lossless_video": lossless_video,
+                  "replicas": replicas}  # replicas: each model process's NeuronCores (neuron_placement)
         self.dispatcher = Dispatcher(config, replicas=replicas, queue_size=queue_size, grace=grace,
                                      precheck=lambda: check_artifacts(art, expect),
                                      metrics=self.metrics, on_health=self._on_health,

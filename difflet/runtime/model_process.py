@@ -157,6 +157,9 @@ def serve(conn, config: dict[str, Any]) -> None:
     hang_on_cancel, hold, hold_steps = _faults(int(config.get("generation", 0)))
     began = time.perf_counter()
     try:
+        from difflet.codegen.neuron_placement import place_process
+
+        place_process(config)  # a neuron ART: this replica's NeuronCores, before the Neuron runtime starts
         import torch
 
         torch.set_num_threads(max(1, int(config.get("threads", 1))))

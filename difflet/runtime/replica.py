@@ -107,7 +107,7 @@ class Replica:
             conn, child = CTX.Pipe(duplex=True)
             cores = self.config.get("cores") or []
             config = dict(self.config, generation=self.generation,
-                          cores=cores[self.index] if self.index < len(cores) else [])
+                          cores=cores[self.index] if self.index < len(cores) else [], replica=self.index)
             proc = CTX.Process(target=model_process.serve, args=(child, config),
                                 name=f"difflet-model-{self.index}", daemon=False)
             proc.start()
