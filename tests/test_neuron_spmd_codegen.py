@@ -6,7 +6,9 @@ to) and the layout's Megatron shapes (column splits halve rows, row splits halve
 planner's rows on target trn2 (difflet/passes/built.py is the one source of both verdicts).
 There is no Neuron SDK here: the SDK calls (the single-core trace and NxD ModelBuilder) are
 replaced by TEST DOUBLES defined in this file only, which write placeholder program files and
-record their calls; nothing here claims a Neuron program was built.
+record their calls; nothing here claims a Neuron program was built. The module form the SPMD
+trace would get is still RUN: tests/test_neuron_spmd_world.py's doubles of NxD's
+Column/RowParallelLinear (parallel_layers/layers.py forward) on the ART's own rank files.
 """
 from __future__ import annotations
 
@@ -24,7 +26,9 @@ from difflet.errors import DiffletError
 from difflet.frontend.lower import lower_file
 from difflet.passes import built, legal_configs
 from difflet.passes.parallel_config import parse_parallel
+from difflet.passes.neuron_flags import role_args
 from difflet.passes.pipeline import Options, optimize
+from difflet.passes.targets import load_target
 
 REPO = Path(__file__).resolve().parent.parent
 SPLIT_TINY = ("flux-tiny", "wan2.1-tiny")  # an SPMD class, and a split class the SPMD path does not build
@@ -62,11 +66,17 @@ class SpmdCompileDouble:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, int, dict]] = []
+        self.programs: list[torch.nn.Module] = []  # the unsplit program module compile_spmd gets
+        self.args: list[list[str]] = []
 
     def __call__(self, node, pm, specs, tp, dest, compiler_args) -> None:
+        import copy
+
         from difflet.codegen.neuron_spmd import PROGRAM_FILE
 
         self.calls.append((node.name, tp, dict(specs)))
+        self.programs.append(copy.deepcopy(pm))
+        self.args.append(list(compiler_args))
         (dest / PROGRAM_FILE).write_bytes(DOUBLE_TEXT)
 
 
@@ -90,7 +100,9 @@ def neuron_doubles(monkeypatch):
 
 
 def _expected_shapes(state: dict, specs: dict, tp: int) -> dict:
-    """Each rank's tensor shapes from the layout alone (Megatron: column rows / tp, row cols / tp)."""
+    """Each rank's tensor shapes by NxD's layers.py set_weight_and_bias_config: column weight
+    rows / tp, row weight cols / tp; bias `output_size if gather_output else
+    output_size_per_partition` for a column layer (column_gather keeps it whole), whole for row."""
     from difflet.codegen.neuron_spmd import PREFIX
 
     want = {k: tuple(v.shape) for k, v in state.items()}
@@ -98,7 +110,7 @@ def _expected_shapes(state: dict, specs: dict, tp: int) -> dict:
         w = f"{PREFIX}{path}.weight"
         rows, cols = want[w]
         want[w] = (rows, cols // tp) if style == "row" else (rows // tp, cols)
-        if style != "row" and f"{PREFIX}{path}.bias" in want:
+        if style == "column" and f"{PREFIX}{path}.bias" in want:
             want[f"{PREFIX}{path}.bias"] = (rows // tp,)
     return want
 
@@ -133,6 +145,21 @@ def test_codegen_sends_a_tp2_plan_to_one_spmd_program_with_presharded_rank_files
         assert torch.equal(got[RANK_KEY], torch.tensor([r], dtype=torch.int32))
     back = unshard(ranks, specs)
     assert back.keys() == state.keys() and all(torch.equal(back[k], state[k]) for k in state)
+
+    # the denoiser's flags as argv tokens (`--target trn2`: two tokens, neuron_flags docstring)
+    args = neuron_doubles.args[0]
+    assert args == role_args(load_target("trn2"), "denoiser") and args[:2] == ["--target", "trn2"]
+    # the module form compile_spmd traces, run on the ART's rank files in a simulated world
+    from test_neuron_spmd_world import run_world
+
+    from difflet.codegen.build import example_inputs
+
+    pm, inputs = neuron_doubles.programs[0].eval(), example_inputs(planned.component("transformer"))
+    with torch.no_grad():
+        want_out = pm(*inputs)
+    for got in run_world(pm, specs, ranks, inputs):
+        for g, w in zip(got, want_out, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
 
     again = codegen(planned, str(ckpt), tmp_path / "art2", backend="neuron", store=store, log=lambda *_: None)
     assert "transformer" in again.reused and len(neuron_doubles.calls) == 1  # the store's key, no retrace

@@ -12,7 +12,9 @@ Invariants:
   weights are zeroed with `replace_weights` before saving, so a store entry holds no checkpoint's
   values and its identity stays its cache key (which excludes weights). The runner loads the ART's
   `weights/<name>.rank0.safetensors` (the module's state dict) with `replace_weights`.
-- Compiler flags come from the target table (passes/neuron_flags.py) and are part of the key.
+- Compiler flags come from the target table per component role (passes/neuron_flags.py) as argv
+  tokens (`--target trn2`: two tokens) and are part of the key; NEURON_PLATFORM_TARGET_OVERRIDE
+  is set from the table unless the user set it (as NxD Inference's diffusers app does).
 - neuronx-cc's work directory is inside the entry being produced (removed after a successful
   compile) and NEURON_COMPILE_CACHE_URL points under Difflet's store, unless the user set it.
 - Persistent state (the step-caching probe's previous feature) is an aliased output:
@@ -52,11 +54,22 @@ def require_sdk() -> None:
                                  + INSTALL_HINT, where="--backend")
 
 
-def compiler_args(target: str = "trn2") -> list[str]:
-    from difflet.passes.neuron_flags import compiler_args as args
+def compiler_args(role: str, target: str = "trn2") -> list[str]:
+    """neuronx-cc argv tokens for a component of `role` (passes/neuron_flags.py `role_args`)."""
+    from difflet.passes.neuron_flags import role_args
     from difflet.passes.targets import load_target
 
-    return args(load_target(target))
+    return role_args(load_target(target), role)
+
+
+def set_platform_target(target: str = "trn2") -> None:
+    """NEURON_PLATFORM_TARGET_OVERRIDE from the target table unless the user set it."""
+    from difflet.passes.neuron_flags import platform_target
+    from difflet.passes.targets import load_target
+
+    # as NxD Inference's models/diffusers/ transformer module (top level): set only when not already set
+    if not os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE"):
+        os.environ["NEURON_PLATFORM_TARGET_OVERRIDE"] = platform_target(load_target(target))
 
 
 def compile_cache_dir(dest: Path) -> Path:
@@ -92,17 +105,21 @@ def compile_entry(node, pm, dest: Path) -> None:
         raise DiffletError(f"{node.name!r} is split: the neuron backend builds it with "
                            "neuron_spmd.emit_spmd, not as a single-core trace", where=node.loc)
     os.environ.setdefault("NEURON_COMPILE_CACHE_URL", str(compile_cache_dir(dest)))
+    set_platform_target()
+    args = compiler_args(str(node.attrs.get("role")))
     program, aliases, dropped = aliased_program(pm)
     vector_runtime_inputs(program, runtime_positions(node))  # runtime values as [1]: see neuron_inputs
     workdir = dest / "neuronx-cc"
     try:
+        # docs frameworks/torch/torch-neuronx/api-reference-guide/inference/api-torch-neuronx-trace.rst:
+        # compiler_args is str or list[str]; aliases are keys of the module's parameters (neuron_state.py)
         traced = torch_neuronx.trace(program, trace_inputs(node), compiler_workdir=str(workdir),
-                                     compiler_args=compiler_args(), inline_weights_to_neff=False,
+                                     compiler_args=args, inline_weights_to_neff=False,
                                      input_output_aliases=aliases)
     except Exception as err:  # neuronx-cc reports failures as generic exceptions
         raise DiffletError(f"neuronx-cc failed for {node.name!r}: {err} (logs in {workdir})", where=node.loc) from None
     torch_neuronx.replace_weights(traced, {k: torch.zeros_like(v) for k, v in pm.state_dict().items()})
-    meta = json.dumps({"sdk_release": SDK_RELEASE, "compiler_args": compiler_args(), "dropped_outputs": dropped,
+    meta = json.dumps({"sdk_release": SDK_RELEASE, "compiler_args": args, "dropped_outputs": dropped,
                        "vector_inputs": runtime_positions(node)})
     # inside the program file, so the ART's hard link carries it
     torch.jit.save(traced, str(dest / PROGRAM_FILE), _extra_files={META_FILE: meta})

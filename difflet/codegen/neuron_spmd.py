@@ -10,10 +10,13 @@ model_builder_v2_api_reference.rst: `NxDParallelState`, `ModelBuilder(model).tra
 Invariants:
 - One traced program serves every rank: the rank is the weight `spmd_rank.rank` (int32 [1], NxD's
   SPMDRank), never a Python int in the graph; collectives live inside NxD's parallel layers.
-- Difflet preshards the weights itself (`preshard`), with the same Megatron layouts as the
-  inductor path (difflet/parallel/layers.py: column rows, row columns per input segment, whole
-  row bias): rank r's dict has exactly the SPMD module's state-dict keys, shapes and dtypes and is
-  written as weights/<name>.rank<r>.safetensors; `unshard` inverts it (tests check both on CPU).
+- Rank weights follow NxD's own partition rules (`PARTITION`, from parallel_layers/layers.py):
+  column weight and non-gathered bias rows, a gathered (column_gather) bias WHOLE (added after
+  the gather), row weight columns per input segment, row bias whole. On a trn2 host they come
+  from NxD's `shard_checkpoint` on the NxD-layer module (`nxd_preshard`; a segmented row weight
+  is handed over rank-major, which NxD's stride cannot express); without the SDK from
+  `preshard`. Rank r's dict has exactly the SPMD module's state-dict keys, shapes and dtypes and
+  is written as weights/<name>.rank<r>.safetensors; `unshard` inverts `preshard`.
 - Only tp layouts are built (no sp, no cp): their attention is rank-local ("local" mode); which
   classes is difflet/passes/built.py `spmd_built()`, from the families' facts (the planner's and codegen's one list).
 - The store entry (key: the component's cache key, which covers its layout) holds the program
@@ -59,11 +62,23 @@ def linear_specs(node: Node, model: torch.nn.Module) -> dict[str, tuple[str, tup
     return specs
 
 
-def _shard(t: torch.Tensor, style: str, segments, rank: int, tp: int, is_bias: bool) -> torch.Tensor:
+# NxD's partition rule per (style, leaf): the dim a rank's shard is cut from, None for whole.
+# parallel_layers/layers.py set_weight_and_bias_config: ColumnParallelLinear weight
+# (out/tp, in) dim 0, bias `output_size if gather_output else output_size_per_partition` (only a
+# non-gathered bias gets the partition attributes); RowParallelLinear weight (out, in/tp) dim 1,
+# bias (out,) whole and added after the reduce.
+PARTITION = {("column", "weight"): 0, ("column", "bias"): 0, ("column_gather", "weight"): 0,
+             ("column_gather", "bias"): None, ("row", "weight"): 1, ("row", "bias"): None}
+
+
+def _shard(t: torch.Tensor, style: str, segments, rank: int, tp: int, leaf: str) -> torch.Tensor:
     from difflet.parallel.layers import _row_shard, shard
 
-    if style == "row":
-        return t.clone() if is_bias else _row_shard(t, tuple(segments or (t.shape[1],)), rank, tp)
+    dim = PARTITION[(style, leaf)]
+    if dim is None:
+        return t.clone()
+    if dim == 1:  # row: this rank's chunk of every input segment (one segment: plain Megatron)
+        return _row_shard(t, tuple(segments or (t.shape[1],)), rank, tp)
     return shard(t, 0, rank, tp).clone()
 
 
@@ -76,7 +91,7 @@ def preshard(state: dict[str, torch.Tensor], specs: dict, tp: int) -> list[dict[
         for key, t in state.items():
             if key in owner:
                 style, segments = specs[owner[key][0]]
-                out[key] = _shard(t, style, segments, r, tp, owner[key][1] == "bias").contiguous()
+                out[key] = _shard(t, style, segments, r, tp, owner[key][1]).contiguous()
             else:
                 out[key] = t.contiguous().clone()
         out[RANK_KEY] = torch.tensor([r], dtype=torch.int32)
@@ -92,19 +107,64 @@ def unshard(ranks: list[dict[str, torch.Tensor]], specs: dict) -> dict[str, torc
         if key == RANK_KEY:
             continue
         parts = [rk[key] for rk in ranks]
-        if key not in owner:
+        dim = PARTITION[(specs[owner[key][0]][0], owner[key][1])] if key in owner else None
+        if dim is None:
             full[key] = t
-            continue
-        style, segments = specs[owner[key][0]]
-        if style != "row":
+        elif dim == 0:
             full[key] = torch.cat(parts, dim=0)
-        elif owner[key][1] == "bias":
-            full[key] = t
         else:
+            segments = specs[owner[key][0]][1]
             segs = [s // len(ranks) for s in (segments or (t.shape[1] * len(ranks),))]
             pieces = [p.split(segs, dim=1) for p in parts]  # per rank: its chunk of each segment
             full[key] = torch.cat([torch.cat([pr[i] for pr in pieces], dim=1) for i in range(len(segs))], dim=1)
     return full
+
+
+def rank_major(weight: torch.Tensor, segments, tp: int) -> torch.Tensor:
+    """A row weight's columns reordered so that NxD's plain row split (trace/trace.py
+    create_local_weight, stride 1: contiguous in/tp columns per rank) gives each rank its chunk of
+    every input segment. NxD's `stride` only expresses equal segments; a single-stream
+    block's proj_out input is [attention | mlp], so the segmented split is a column permutation."""
+    from difflet.parallel.layers import _row_shard
+
+    return torch.cat([_row_shard(weight, tuple(segments or (weight.shape[1],)), r, tp) for r in range(tp)], dim=1)
+
+
+def nxd_preshard(pm: torch.nn.Module, state: dict[str, torch.Tensor], specs: dict, tp: int) -> list[dict]:
+    """`preshard` through NxD's own `shard_checkpoint` on the NxD-layer module (trn2 host): the
+    layers' partition attributes decide every shard; segmented row weights go in rank-major."""
+    import copy
+
+    from neuronx_distributed import NxDParallelState, shard_checkpoint
+    from neuronx_distributed.parallel_layers.layers import SPMDRank
+
+    ckpt = dict(state)
+    for path, (style, segments) in specs.items():
+        if style == "row" and segments and len(segments) > 1:
+            ckpt[f"{PREFIX}{path}.weight"] = rank_major(state[f"{PREFIX}{path}.weight"], segments, tp)
+    # layers.py SPMDRank docstring: the checkpoint holds arange(world) as the rank, split over ranks
+    ckpt[RANK_KEY] = torch.arange(tp, dtype=torch.int32)
+    with NxDParallelState(world_size=tp, tensor_model_parallel_size=tp):
+        # a meta skeleton: every tensor of pm replaced by an empty meta one, nothing copied
+        memo = {id(t): torch.nn.Parameter(torch.empty_like(t, device="meta"), requires_grad=False)
+                if isinstance(t, torch.nn.Parameter) else torch.empty_like(t, device="meta")
+                for t in (*pm.parameters(), *pm.buffers())}
+        model = copy.deepcopy(pm, memo)
+        shard_modules(model.model, specs, lambda lin, style: nxd_layer(lin, style, device=torch.device("meta")))
+        model.spmd_rank = SPMDRank(world_size=tp)
+        # trace/functions.py shard_checkpoint: one dict per tp rank from the layers' attributes
+        shards = shard_checkpoint(checkpoint=ckpt, model=model)
+    return [{k: v.contiguous().clone() for k, v in shard.items()} for shard in shards]
+
+
+def shard_weights(pm: torch.nn.Module, state: dict, specs: dict, tp: int) -> list[dict[str, torch.Tensor]]:
+    """The rank weight dicts: NxD's shard_checkpoint where neuronx-distributed is installed,
+    Difflet's `preshard` (the same rules, tested against NxD's source on CPU) elsewhere."""
+    import importlib.util
+
+    if importlib.util.find_spec("neuronx_distributed") is None:
+        return preshard(state, specs, tp)
+    return nxd_preshard(pm, state, specs, tp)
 
 
 def shard_modules(model: torch.nn.Module, specs: dict, make: Callable[[torch.nn.Linear, str], torch.nn.Module]) -> None:
@@ -114,33 +174,43 @@ def shard_modules(model: torch.nn.Module, specs: dict, make: Callable[[torch.nn.
         setattr(model.get_submodule(parent) if parent else model, leaf, make(model.get_submodule(path), style))
 
 
-def nxd_layer(lin: torch.nn.Linear, style: str) -> torch.nn.Module:
-    """The NxD parallel layer for one split Linear (under NxDParallelState; weights come later)."""
+def nxd_layer(lin: torch.nn.Linear, style: str, device=None) -> torch.nn.Module:
+    """The NxD parallel layer for one split Linear (under NxDParallelState; weights come later).
+    Reductions in the weights' dtype, as NxD Inference's diffusers transformer passes reduce_dtype=torch_dtype
+    (layers.py's default float32 would make every all-reduce float32)."""
     from neuronx_distributed.parallel_layers import ColumnParallelLinear, RowParallelLinear
 
     bias, dtype = lin.bias is not None, lin.weight.dtype
+    # parallel_layers/layers.py RowParallelLinear / ColumnParallelLinear __init__
     if style == "row":
-        return RowParallelLinear(lin.in_features, lin.out_features, bias=bias, input_is_parallel=True, dtype=dtype)
-    return ColumnParallelLinear(lin.in_features, lin.out_features, bias=bias,
-                                gather_output=style == "column_gather", dtype=dtype)
+        return RowParallelLinear(lin.in_features, lin.out_features, bias=bias, input_is_parallel=True, dtype=dtype,
+                                 device=device, reduce_dtype=dtype)
+    return ColumnParallelLinear(lin.in_features, lin.out_features, bias=bias, gather_output=style == "column_gather",
+                                dtype=dtype, device=device, reduce_dtype=dtype)
 
 
 def compile_spmd(node: Node, pm: torch.nn.Module, specs: dict, tp: int, dest, compiler_args: list[str]) -> None:
     """Trace `pm` (the unsplit program module) once as an SPMD program of `tp` ranks and save it,
-    without weights, as `dest/PROGRAM_FILE` (NxD's TorchScript format); `pm` is modified."""
+    without weights, as `dest/PROGRAM_FILE` (NxD's TorchScript format); `pm` is modified.
+    `compiler_args` are argv tokens (neuron_flags.role_args), passed as ModelBuilder's string."""
     from neuronx_distributed import ModelBuilder, NxDParallelState
     from neuronx_distributed.parallel_layers.layers import SPMDRank
 
+    from difflet.codegen.neuron import set_platform_target
     from difflet.codegen.neuron_inputs import (explicit_signature, input_names, runtime_positions, trace_inputs,
                                                vector_runtime_inputs)
+    from difflet.passes.neuron_flags import as_string
+
+    set_platform_target()
 
     with NxDParallelState(world_size=tp, tensor_model_parallel_size=tp):
         shard_modules(pm.model, specs, nxd_layer)
         pm.spmd_rank = SPMDRank(world_size=tp)
         vector_runtime_inputs(pm, runtime_positions(node), input_names(node))  # runtime values as [1]
         explicit_signature(pm, node)  # V2's trace refuses *args and passes the inputs by name
+        # trace/model_builder_v2.py compile: compiler_args one string for every tag
         nxd = ModelBuilder(pm).trace(args=trace_inputs(node), tag=node.name).compile(
-            compiler_args=" ".join(compiler_args), compiler_workdir=str(dest / "neuronx-cc"))
+            compiler_args=as_string(compiler_args), compiler_workdir=str(dest / "neuronx-cc"))
     nxd.save(str(dest / PROGRAM_FILE))  # save_weights=False: rank weights live in ART/weights
     shutil.rmtree(dest / "neuronx-cc", ignore_errors=True)  # compiler logs, as neuron.compile_entry
 
@@ -164,9 +234,10 @@ def emit_spmd(comp: Node, ckpt, store, out) -> tuple:
     out, tp = Path(out), world(comp)
     pm = build_program_module(comp, ckpt)
     specs = linear_specs(comp, pm.model)
-    ranks = preshard(program_weights(pm, None), specs, tp)  # before compile_spmd swaps in NxD layers
+    ranks = shard_weights(pm, program_weights(pm, None), specs, tp)  # before compile_spmd swaps in NxD layers
+    args = compiler_args(str(comp.attrs.get("role")))
     entry, created = store.get_or_create("neuron", comp.attrs["cache_key"],
-                                         lambda tmp: compile_spmd(comp, pm, specs, tp, tmp, compiler_args()),
+                                         lambda tmp: compile_spmd(comp, pm, specs, tp, tmp, args),
                                          directory=True)
     files = []
     for r, weights in enumerate(ranks):
