@@ -95,6 +95,10 @@ def neuron_doubles(monkeypatch):
     monkeypatch.setattr(neuron, "require_sdk", lambda: None)  # the double pretends the SDK is present
     monkeypatch.setattr(neuron, "compile_entry", single_core_compile_double)
     monkeypatch.setattr(neuron_spmd, "compile_spmd", spmd)
+    from difflet.kernels import attention_nki
+    from nki_attention_double import AttentionCteDouble  # neuron programs call NKI attention_cte (2.29)
+
+    monkeypatch.setattr(attention_nki, "nki_kernel", AttentionCteDouble)
     monkeypatch.setenv("DIFFLET_COMPILE_WORKERS", "1")  # spawned workers would not see the doubles
     return spmd
 

@@ -4,8 +4,11 @@ Invariants:
 - The op (`joint_bounded_attention`) knows nothing about any model: it takes q/k/v over a joint
   sequence (text segment + visual segment in the model's order) and a runtime valid-text count,
   rearranges the keys as [visual, valid text, text padding] so the valid keys are one interval,
-  and calls the kernel contract `bounded_attention` (fused SDPA, difflet/kernels) with bounds
-  [0, V + valid_text). Queries keep the model's order, so outputs line up with the reference.
+  and calls the kernel contract `bounded_attention` with bounds [0, V + valid_text). Queries
+  keep the model's order, so outputs line up with the reference.
+- Each installed processor's `kernel` is the implementation the program's backend chose
+  (difflet/kernels/select.py: fused SDPA on inductor, NKI attention_cte on neuron), marked
+  text_valid at a site without a text mask (it attends its padding: no bounds needed).
 - Softmax is invariant to key order, so with valid_text == T the op equals dense attention.
 - Which processor serves a class is that class's family declaration (codegen/decl.py `declaration`);
   importing this module imports no family (the registry is read inside install_attention).
@@ -17,6 +20,7 @@ import fnmatch
 import torch
 
 from difflet.errors import DiffletError
+from difflet.kernels.select import FUSED, AttentionKernel
 from difflet.ir.nodes import Node, Op
 from difflet.passes.layout_attrs import Site
 
@@ -30,7 +34,7 @@ def _text_len(node: Node) -> int:
                        where=node.loc)
 
 
-def install_attention(model: torch.nn.Module, node: Node) -> int:
+def install_attention(model: torch.nn.Module, node: Node, kernel: AttentionKernel = FUSED) -> int:
     """Replace the processors of every joint attention site the IR's `attention` nodes name;
     returns the count.
 
@@ -69,7 +73,9 @@ def install_attention(model: torch.nn.Module, node: Node) -> int:
                 raise DiffletError(f"attention site {site.name!r}: the model has heads={mod.heads}, "
                                    f"head_dim={mod.head_dim}; the IR says {decl.heads}, {decl.head_dim}",
                                    where=site.loc)
-            mod.set_processor(cls(_text_len(node), text_first=decl.text_first))
+            proc = cls(_text_len(node), text_first=decl.text_first)
+            proc.kernel = kernel.for_site(decl.text_mask)  # the processors pass it to the joint ops
+            mod.set_processor(proc)
             count += 1
     if hasattr(cls, "prepare_model"):  # a class whose forward needs adapting to the program convention
         cls.prepare_model(model, node)

@@ -6,6 +6,8 @@ Invariants:
 - Tensor inputs are passed to the class's `entry` method by keyword (the input's name); runtime
   inputs of a denoiser go through `joint_attention_kwargs` to Difflet's attention processors.
 - Each output is `result[select]` (an int index or a field name of the class's return value).
+- `backend` picks the attention kernel every Difflet processor calls (kernels/select.py); None is
+  the fused SDPA path, what inductor programs run. The choice lives in the module built.
 """
 from __future__ import annotations
 
@@ -20,15 +22,16 @@ from difflet.codegen.program_module import ProgramModule
 from difflet.codegen.program import program_inputs
 from difflet.codegen.rope import install_fp32_rope
 from difflet.errors import DiffletError
+from difflet.kernels.select import attention_kernel
 from difflet.ir.nodes import Node, Op, RuntimeType
 
 
-def build_program_module(node: Node, ckpt_dir: str | os.PathLike) -> ProgramModule:
+def build_program_module(node: Node, ckpt_dir: str | os.PathLike, backend: str | None = None) -> ProgramModule:
     """Load the component from the checkpoint, install Difflet attention (denoisers), wrap it."""
-    return wrap_program_module(load_component(node, ckpt_dir), node)
+    return wrap_program_module(load_component(node, ckpt_dir), node, backend)
 
 
-def wrap_program_module(model: torch.nn.Module, node: Node) -> torch.nn.Module:
+def wrap_program_module(model: torch.nn.Module, node: Node, backend: str | None = None) -> torch.nn.Module:
     """Install Difflet attention on a loaded (or meta-device) component model and wrap it."""
     from difflet.codegen.declarations import declaration
 
@@ -37,7 +40,7 @@ def wrap_program_module(model: torch.nn.Module, node: Node) -> torch.nn.Module:
     if runtime_inputs and not node.find(Op.ATTENTION) and wrap is None:
         raise DiffletError(f"component {node.name!r} takes runtime inputs {runtime_inputs} but has no "
                            "attention sites or program wrapper to route them to", where=node.loc)
-    install_attention(model, node)
+    install_attention(model, node, attention_kernel(backend))
     install_fp32_rope(model)  # Neuron has no FP64: RoPE tables without float64 ops
     pm = wrap(model, node) if wrap is not None else ProgramModule(model, node)
     return install_portable_ops(pm).eval()  # ops every backend lowers (portable_ops.py)

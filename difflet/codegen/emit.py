@@ -74,7 +74,7 @@ def emit_node(node: Node, ckpt: Path, store, backend: str, out: Path) -> tuple[C
     else:
         from difflet.codegen.build import build_program_module
 
-        pm = build_program_module(node, ckpt)
+        pm = build_program_module(node, ckpt, backend)  # the backend picks the attention kernel
     knode = key_node(node)
     be, key = get_backend(backend), node.attrs["cache_key"]
     entry, created = store.get_or_create(backend, key, lambda tmp: be.compile_entry(knode, pm, tmp),
@@ -134,7 +134,7 @@ def emit_branches(node: Node, views: list[tuple[int, Node]], ckpt: Path, store, 
     (input_name,) = views[0][1].attrs["branch"].keys()
     made, any_created = [], False
     for value, view in views:
-        pm = build_program_module(view, ckpt)
+        pm = build_program_module(view, ckpt, backend)
         entry, created = store.get_or_create(backend, view.attrs["cache_key"],
                                              lambda tmp, v=view, m=pm: be.compile_entry(v, m, tmp), directory=True)
         any_created |= created

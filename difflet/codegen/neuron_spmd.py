@@ -232,7 +232,7 @@ def emit_spmd(comp: Node, ckpt, store, out) -> tuple:
     from difflet.codegen.store import link_or_copy
 
     out, tp = Path(out), world(comp)
-    pm = build_program_module(comp, ckpt)
+    pm = build_program_module(comp, ckpt, "neuron")  # NKI attention_cte at every joint site
     specs = linear_specs(comp, pm.model)
     ranks = shard_weights(pm, program_weights(pm, None), specs, tp)  # before compile_spmd swaps in NxD layers
     args = compiler_args(str(comp.attrs.get("role")))

@@ -12,7 +12,10 @@ Invariants (each mode equals `bounded_attention` over the unsplit keys [all visu
 bounds [0, V + valid_text)):
 - padded text keys get weight exactly 0 (their contents never reach the output);
 - the replicated text keys enter each softmax exactly once;
-- only bounded_attention touches scores, so every mode runs the same kernel contract.
+- only the kernel touches scores, so every mode runs the same contract: `kernel`
+  (difflet/kernels/select.py, the program's backend chose it; default the fused SDPA path). A
+  call is marked whole (every key valid by construction) when it has no text, only visual keys
+  (ring's shards), or the site attends its text padding (kernel.text_valid).
 Modes (declared, torch-free, in difflet/passes/cp_modes.py; implemented here, IMPLEMENTATIONS):
 - ulysses:   all-to-all sequence shards -> head shards (H % cp == 0), attend the full joint
              sequence for H/cp heads, inverse all-to-all; text outputs all-gathered over heads.
@@ -36,8 +39,8 @@ from __future__ import annotations
 import torch
 
 from difflet.parallel import comm
-from difflet.kernels.attention_fused import bounded_attention
 from difflet.kernels.attention_ref import merge_partials
+from difflet.kernels.select import FUSED
 
 def _nbytes(*ts: torch.Tensor) -> int:
     return sum(t.numel() * t.element_size() for t in ts)
@@ -59,7 +62,7 @@ def _cat(vis: torch.Tensor, txt: torch.Tensor | None) -> torch.Tensor:
     return vis if txt is None else torch.cat([vis, txt], dim=2)
 
 
-def ulysses(q_vis, k_vis, v_vis, q_txt, k_txt, v_txt, valid_text, group, report=None):
+def ulysses(q_vis, k_vis, v_vis, q_txt, k_txt, v_txt, valid_text, group, report=None, kernel=FUSED):
     """Joint attention by exchanging sequence shards for head shards (see module docstring)."""
     n, r = comm.size(group), comm.rank(group)
     b, h, vl, d = q_vis.shape
@@ -79,7 +82,7 @@ def ulysses(q_vis, k_vis, v_vis, q_txt, k_txt, v_txt, valid_text, group, report=
     del got  # the receive buffer is copied into q/k/v: release it before attention
     _note(report, _nbytes(k, v))
     lo, hi = _bounds(valid_text, n * vl, q)
-    out = bounded_attention(q, k, v, lo, hi)  # [B, hc, V + T, D]
+    out = kernel(q, k, v, lo, hi, whole=valid_text is None or kernel.text_valid)  # [B, hc, V + T, D]
     vis = out[:, :, : n * vl].reshape(b, hc, n, vl, d).permute(2, 0, 1, 3, 4)
     vis = comm.all_to_all(vis, group)  # [n(src head chunk), B, hc, Vl, D]
     out_vis = vis.permute(1, 0, 2, 3, 4).reshape(b, h, vl, d)
@@ -87,28 +90,29 @@ def ulysses(q_vis, k_vis, v_vis, q_txt, k_txt, v_txt, valid_text, group, report=
     return out_vis, out_txt
 
 
-def ring(q_vis, k_vis, v_vis, q_txt, k_txt, v_txt, valid_text, group, report=None):
+def ring(q_vis, k_vis, v_vis, q_txt, k_txt, v_txt, valid_text, group, report=None, kernel=FUSED):
     """Joint attention with local queries and circulating visual K/V (see module docstring)."""
     n = comm.size(group)
     vl = q_vis.shape[2]
     q = _cat(q_vis, q_txt)
     run = None
     if q_txt is not None:
-        run = bounded_attention(q, k_txt, v_txt, *_bounds(valid_text, 0, q), return_stats=True)
+        run = kernel(q, k_txt, v_txt, *_bounds(valid_text, 0, q), return_stats=True,
+                     whole=valid_text is None or kernel.text_valid)
     kv = torch.stack([k_vis, v_vis])  # one rotation moves both
     full = _bounds(None, vl, q)  # every visual key is valid
     text_bytes = 0 if k_txt is None else _nbytes(k_txt, v_txt)
     for step in range(n):
         nxt = comm.rotate(kv, group) if step + 1 < n else None  # in flight while we compute
         _note(report, text_bytes + _nbytes(kv) + (_nbytes(kv) if nxt is not None else 0))
-        part = bounded_attention(q, kv[0], kv[1], *full, return_stats=True)
+        part = kernel(q, kv[0], kv[1], *full, return_stats=True, whole=True)  # the kernel's own lse
         run = part if run is None else merge_partials([run, part])
         kv = comm.wait(nxt) if nxt is not None else None
     out = run[0].to(q.dtype)
     return out[:, :, :vl], (out[:, :, vl:] if q_txt is not None else None)
 
 
-def gather_kv(q_vis, k_vis, v_vis, q_txt, k_txt, v_txt, valid_text, group, report=None):
+def gather_kv(q_vis, k_vis, v_vis, q_txt, k_txt, v_txt, valid_text, group, report=None, kernel=FUSED):
     """Joint attention after all-gathering visual K/V (see module docstring)."""
     vl = q_vis.shape[2]
     kv = comm.all_gather(torch.stack([k_vis, v_vis]), 3, group)  # [2, B, H, V, D]
@@ -117,8 +121,8 @@ def gather_kv(q_vis, k_vis, v_vis, q_txt, k_txt, v_txt, valid_text, group, repor
     del kv  # copied into k/v: release the receive buffer before attention
     _note(report, _nbytes(k, v))
     q = _cat(q_vis, q_txt)
-    lo, hi = _bounds(valid_text if q_txt is not None else None, n_vis, q)
-    out = bounded_attention(q, k, v, lo, hi)
+    valid = valid_text if q_txt is not None else None
+    out = kernel(q, k, v, *_bounds(valid, n_vis, q), whole=valid is None or kernel.text_valid)
     return out[:, :, :vl], (out[:, :, vl:] if q_txt is not None else None)
 
 
@@ -128,14 +132,14 @@ IMPLEMENTATIONS = {"ulysses": ulysses, "ring": ring, "gather_kv": gather_kv, "lo
 
 
 def joint_attention(mode: str, q_vis, k_vis, v_vis, q_txt, k_txt, v_txt, valid_text, group,
-                    report: dict | None = None):
+                    report: dict | None = None, kernel=FUSED):
     """Dispatch to one CP mode; with a size-1 group every mode is plain bounded attention."""
     if mode not in IMPLEMENTATIONS:
         raise ValueError(f"unknown joint attention mode {mode!r}; expected one of {tuple(IMPLEMENTATIONS)}")
-    return IMPLEMENTATIONS[mode](q_vis, k_vis, v_vis, q_txt, k_txt, v_txt, valid_text, group, report)
+    return IMPLEMENTATIONS[mode](q_vis, k_vis, v_vis, q_txt, k_txt, v_txt, valid_text, group, report, kernel)
 
 
-def self_attention(mode: str, q, k, v, group, report: dict | None = None) -> torch.Tensor:
+def self_attention(mode: str, q, k, v, group, report: dict | None = None, kernel=FUSED) -> torch.Tensor:
     """Attention of this rank's visual queries over the whole CP-sharded visual sequence (no
     text); mode "local" (no CP group) is plain attention over the local keys."""
-    return joint_attention(mode, q, k, v, None, None, None, None, group, report)[0]
+    return joint_attention(mode, q, k, v, None, None, None, None, group, report, kernel)[0]

@@ -35,6 +35,7 @@ class BackendFacts:
     parallel_compiles: bool = False  # missing programs compile concurrently in worker processes
     shape_buckets: bool = False  # builds shape-bucket programs (one per size, shared weights file)
     flags: Callable[[str], dict[str, Any]] | None = None  # target name -> the key's compiler-flags part
+    attention: str = "fused"  # the bounded-attention kernel its programs call (kernels/select.py IMPLEMENTATIONS)
 
     @property
     def rank_splits(self) -> bool:
@@ -51,7 +52,7 @@ BACKENDS: dict[str, BackendFacts] = {
                              shape_buckets=True),
     "neuron": BackendFacts("neuron", compiler="neuronx-cc", toolchain=("torch-neuronx", "neuronx-distributed"),
                            split_programs=True, spmd_splits=True,
-                           flags=neuron_flags.key_part),
+                           flags=neuron_flags.key_part, attention="nki"),
 }
 
 

@@ -25,6 +25,7 @@ from difflet.codegen.decl import ClassDecl, ProbeDecl, SplitDecl
 from difflet.codegen.probe_feature import FeatureProbe
 from difflet.codegen.program_module import ProgramModule
 from difflet.errors import DiffletError
+from difflet.kernels.select import FUSED
 
 # FluxPipeline's optional IP-Adapter components, absent
 INDEX_EXTRAS = {"image_encoder": [None, None], "feature_extractor": [None, None]}
@@ -40,6 +41,7 @@ class FluxBoundedAttnProcessor:
     """
 
     fixed_text_len = False  # split layouts: the text stream may be an SP token shard, T is static
+    kernel = FUSED  # the program's bounded-attention kernel: install_attention sets it (kernels/select.py)
 
     def __init__(self, text_len: int, text_first: bool = True) -> None:
         self.text_len = text_len
@@ -49,7 +51,7 @@ class FluxBoundedAttnProcessor:
                valid_text: torch.Tensor | None) -> torch.Tensor:
         """[B, H, S, D] joint q/k/v in the model's order -> output in query order (the one call
         a split layout replaces)."""
-        return joint_bounded_attention(q, k, v, text_len, valid_text, self.text_first)
+        return joint_bounded_attention(q, k, v, text_len, valid_text, self.text_first, self.kernel)
 
     def __call__(self, attn, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor = None,
                  attention_mask: torch.Tensor | None = None, image_rotary_emb=None,
@@ -100,7 +102,8 @@ class FluxSplitAttnProcessor(FluxBoundedAttnProcessor):
         self.mode, self.group = mode, group
 
     def attend(self, q, k, v, text_len, valid_text):
-        return split_joint_attention(q, k, v, self.text_len, self.text_first, valid_text, self.mode, self.group)
+        return split_joint_attention(q, k, v, self.text_len, self.text_first, valid_text, self.mode, self.group,
+                                     self.kernel)
 
 
 class FluxProbe(FeatureProbe):

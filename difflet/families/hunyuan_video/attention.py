@@ -21,11 +21,14 @@ import torch
 from difflet.codegen.joint_ops import split_joint_attention
 from difflet.families.hunyuan_video.joint import joint_out, joint_qkv, mask_valid_text
 from difflet.errors import DiffletError
+from difflet.kernels.select import FUSED
 
 
 class HunyuanVideoSplitAttnProcessor:
     """Drop-in for HunyuanVideoAttnProcessor2_0 on a split rank (heads: this rank's TP shard;
     visual queries/keys: this rank's CP chunk). Signature: split_layout's processor factory."""
+
+    kernel = FUSED  # the program's bounded-attention kernel: install_attention sets it (kernels/select.py)
 
     def __init__(self, text_len: int, text_first: bool, mode: str, group) -> None:
         if text_first:
@@ -40,5 +43,5 @@ class HunyuanVideoSplitAttnProcessor:
         t = self.text_len
         query, key, value = joint_qkv(attn, hidden_states, encoder_hidden_states, image_rotary_emb, t)
         out = split_joint_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), t,
-                                    False, mask_valid_text(attention_mask, t), self.mode, self.group)
+                                    False, mask_valid_text(attention_mask, t), self.mode, self.group, self.kernel)
         return joint_out(attn, out, t, query.dtype)

@@ -29,6 +29,7 @@ from difflet.families.hunyuan_video.joint import joint_out, joint_qkv, mask_vali
 from difflet.codegen.probe_feature import FeatureProbe
 from difflet.codegen.text_masks import causal_masks
 from difflet.errors import DiffletError
+from difflet.kernels.select import FUSED
 from difflet.ir.nodes import Node, Op, RuntimeType
 
 INDEX_EXTRAS: dict = {}  # HunyuanVideoPipeline has no optional components
@@ -39,6 +40,8 @@ DENOISER = "diffusers.HunyuanVideoTransformer3DModel"
 
 class HunyuanVideoBoundedAttnProcessor:
     """Drop-in for HunyuanVideoAttnProcessor2_0 (visual-first joint sequence) on the bounded op."""
+
+    kernel = FUSED  # the program's bounded-attention kernel: install_attention sets it (kernels/select.py)
 
     def __init__(self, text_len: int, text_first: bool = False) -> None:
         if text_first:
@@ -51,7 +54,8 @@ class HunyuanVideoBoundedAttnProcessor:
         text_len = encoder_hidden_states.shape[1] if encoder_hidden_states is not None else 0
         query, key, value = joint_qkv(attn, hidden_states, encoder_hidden_states, image_rotary_emb, text_len)
         out = joint_bounded_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                                      text_len, mask_valid_text(attention_mask, text_len), text_first=False)
+                                      text_len, mask_valid_text(attention_mask, text_len), text_first=False,
+                                      kernel=self.kernel)
         if encoder_hidden_states is None:
             return out.transpose(1, 2).flatten(2, 3).to(query.dtype)
         return joint_out(attn, out, text_len, query.dtype)

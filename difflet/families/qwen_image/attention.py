@@ -25,6 +25,7 @@ import torch
 
 from difflet.codegen.joint_ops import joint_bounded_attention, split_joint_attention
 from difflet.errors import DiffletError
+from difflet.kernels.select import FUSED
 from difflet.ir.nodes import Node, Op
 from difflet.parallel import comm
 
@@ -96,6 +97,7 @@ class QwenBoundedAttnProcessor:
     """Drop-in for QwenDoubleStreamAttnProcessor2_0 routing attention through the joint bounded op."""
 
     prepare_model = staticmethod(prepare_qwen_model)
+    kernel = FUSED  # the program's bounded-attention kernel: install_attention sets it (kernels/select.py)
 
     def __init__(self, text_len: int, text_first: bool = True) -> None:
         if not text_first:
@@ -104,7 +106,7 @@ class QwenBoundedAttnProcessor:
 
     def attend(self, q, k, v, valid_text):
         """[B, H, T + V, D] joint q/k/v, text first -> output in query order."""
-        return joint_bounded_attention(q, k, v, self.text_len, valid_text, text_first=True)
+        return joint_bounded_attention(q, k, v, self.text_len, valid_text, text_first=True, kernel=self.kernel)
 
     def img_freqs(self, freqs: torch.Tensor, local_visual: int) -> torch.Tensor:
         """RoPE rows of this rank's visual tokens (world 1: all of them)."""
@@ -167,4 +169,4 @@ class QwenSplitAttnProcessor(QwenBoundedAttnProcessor):
         return freqs[r * local_visual:(r + 1) * local_visual]
 
     def attend(self, q, k, v, valid_text):
-        return split_joint_attention(q, k, v, self.text_len, True, valid_text, self.mode, self.group)
+        return split_joint_attention(q, k, v, self.text_len, True, valid_text, self.mode, self.group, self.kernel)
