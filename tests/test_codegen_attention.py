@@ -1,4 +1,6 @@
 """Difflet's Flux attention (eager) vs diffusers' own FluxTransformer2DModel of the same checkpoint."""
+import math
+
 import pytest
 import torch
 
@@ -13,7 +15,19 @@ def denoiser(flux_tiny_module, flux_tiny_ckpt):
 
     node = flux_tiny_module.component("transformer")
     ref = diffusers.FluxTransformer2DModel.from_pretrained(str(flux_tiny_ckpt), subfolder="transformer").eval()
-    return node, build_program_module(node, flux_tiny_ckpt), ref, example_inputs(node)
+    return node, build_program_module(node, flux_tiny_ckpt), ref, _with_rope(ref, example_inputs(node))
+
+
+def _with_rope(ref, x):
+    """(program inputs with the host's RoPE tables, diffusers' inputs with FluxPipeline's ids)."""
+    from difflet.families.flux.host import rope_tables
+
+    side, text = math.isqrt(x[0].shape[1]), x[1].shape[1]
+    img_ids = torch.zeros(side, side, 3)
+    img_ids[..., 1], img_ids[..., 2] = torch.arange(side)[:, None], torch.arange(side)[None, :]
+    tables = rope_tables(tuple(ref.config.axes_dims_rope), side, side, text, x[0].dtype, x[0].dtype)
+    ours = [*x[:4], *tables, *x[6:]]
+    return ours, [*x[:4], img_ids.reshape(-1, 3), torch.zeros(text, 3), *x[6:]]
 
 
 def _text_len(node):
@@ -22,26 +36,26 @@ def _text_len(node):
 
 @torch.no_grad()
 def test_all_text_valid_equals_diffusers(denoiser):
-    node, pm, ref, x = denoiser
+    node, pm, ref, (x, d) = denoiser
     text_len = _text_len(node)
     ours = pm(*x[:-1], torch.tensor(text_len))[0]
-    theirs = ref(*x[:-1], return_dict=False)[0]
+    theirs = ref(*d[:-1], return_dict=False)[0]
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
 
 
 @torch.no_grad()
 @pytest.mark.parametrize("valid", [1, 5])
 def test_fewer_valid_keys_equals_diffusers_with_a_key_mask(denoiser, valid):
-    node, pm, ref, x = denoiser
+    node, pm, ref, (x, d) = denoiser
     text_len = _text_len(node)
     seq = text_len + x[0].shape[1]
     # diffusers' processor order is [text, visual]; mask out text keys >= valid for every query.
     mask = torch.ones(1, 1, 1, seq, dtype=torch.bool)
     mask[..., valid:text_len] = False
-    theirs = ref(*x[:-1], joint_attention_kwargs={"attention_mask": mask}, return_dict=False)[0]
+    theirs = ref(*d[:-1], joint_attention_kwargs={"attention_mask": mask}, return_dict=False)[0]
     ours = pm(*x[:-1], torch.tensor(valid))[0]
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
-    assert not torch.allclose(ours, ref(*x[:-1], return_dict=False)[0], atol=1e-3)
+    assert not torch.allclose(ours, ref(*d[:-1], return_dict=False)[0], atol=1e-3)
 
 
 def test_every_site_gets_the_difflet_processor(denoiser):
