@@ -1,12 +1,12 @@
 """Difflet's Flux attention (eager) vs diffusers' own FluxTransformer2DModel of the same checkpoint."""
-import math
-
 import pytest
 import torch
 
 from difflet.codegen.build import build_program_module, example_inputs
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Op
+
+from flux_oracle import program_and_diffusers_inputs
 
 
 @pytest.fixture(scope="module")
@@ -15,19 +15,8 @@ def denoiser(flux_tiny_module, flux_tiny_ckpt):
 
     node = flux_tiny_module.component("transformer")
     ref = diffusers.FluxTransformer2DModel.from_pretrained(str(flux_tiny_ckpt), subfolder="transformer").eval()
-    return node, build_program_module(node, flux_tiny_ckpt), ref, _with_rope(ref, example_inputs(node))
-
-
-def _with_rope(ref, x):
-    """(program inputs with the host's RoPE tables, diffusers' inputs with FluxPipeline's ids)."""
-    from difflet.families.flux.host import rope_tables
-
-    side, text = math.isqrt(x[0].shape[1]), x[1].shape[1]
-    img_ids = torch.zeros(side, side, 3)
-    img_ids[..., 1], img_ids[..., 2] = torch.arange(side)[:, None], torch.arange(side)[None, :]
-    tables = rope_tables(tuple(ref.config.axes_dims_rope), side, side, text, x[0].dtype, x[0].dtype)
-    ours = [*x[:4], *tables, *x[6:]]
-    return ours, [*x[:4], img_ids.reshape(-1, 3), torch.zeros(text, 3), *x[6:]]
+    return node, build_program_module(node, flux_tiny_ckpt), ref, program_and_diffusers_inputs(ref.config.axes_dims_rope,
+                                                                       example_inputs(node))
 
 
 def _text_len(node):

@@ -17,6 +17,7 @@ from difflet.ir.nodes import Op
 
 torch = pytest.importorskip("torch")
 
+ROPE_TABLES = {"img_rope": "img_ids", "txt_rope": "txt_ids"}  # FluxTransformer2DModel.forward's names
 REPO = Path(__file__).resolve().parent.parent
 BLOCK_LISTS = {  # independent of the frontend's heuristic: the known block lists per class
     "transformer": ("transformer_blocks", "single_transformer_blocks"),
@@ -54,6 +55,12 @@ def test_declared_shapes_run_through_the_real_module(tiny, name: str) -> None:
     model = _build(comp)
     kwargs = {i.name: _random(i.results[0].type) for i in comp.find(Op.INPUT)
               if not i.results[0].is_runtime}  # runtime values are Difflet's, not the reference's
+    for table, ids in ROPE_TABLES.items():  # FLUX: the host's RoPE table stands for forward's ids
+        if table in kwargs:
+            tokens, width = kwargs.pop(table).shape
+            # FluxPosEmbed gives cos and sin, each sum(axes_dims_rope) wide
+            assert width == 2 * sum(model.config.axes_dims_rope), f"{table} width"
+            kwargs[ids] = torch.zeros(tokens, 3)
     with torch.no_grad():
         out = getattr(model, comp.attrs["entry"])(**kwargs)
     for o in comp.find(Op.OUTPUT):

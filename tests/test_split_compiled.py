@@ -14,6 +14,8 @@ import torch
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Module, Op
 
+from flux_oracle import program_and_diffusers_inputs
+
 FLUX_TINY4 = Path(__file__).resolve().parent.parent / "models" / "flux-tiny4.dsl"
 T = 32
 PROBE_WAIT_S = 90.0  # generous on a loaded machine, and below the 120 s store timeout ranks 1-3 wait with
@@ -65,8 +67,8 @@ def test_compiled_split_program_equals_unsplit_diffusers(split_art):
     from difflet.codegen.build import example_inputs
 
     module, ckpt, out, _ = split_art
-    x = example_inputs(module.component("transformer"))
     ref = diffusers.FluxTransformer2DModel.from_pretrained(str(ckpt), subfolder="transformer").eval()
+    x, ids = program_and_diffusers_inputs(ref.config.axes_dims_rope, example_inputs(module.component("transformer")))
     art = load_artifacts(out)
     prog = art.programs["transformer"]
     try:
@@ -74,7 +76,7 @@ def test_compiled_split_program_equals_unsplit_diffusers(split_art):
             for valid in (T, 3):
                 mask = torch.ones(1, 1, 1, T + x[0].shape[1], dtype=torch.bool)
                 mask[..., valid:T] = False
-                want = ref(*x[:-1], joint_attention_kwargs=None if valid == T else {"attention_mask": mask},
+                want = ref(*ids[:-1], joint_attention_kwargs=None if valid == T else {"attention_mask": mask},
                            return_dict=False)[0]
                 got = prog(*x[:-1], valid)[0]
                 err = (got - want).abs().max().item()
