@@ -154,3 +154,4 @@ def test_schnell_description_serves_a_checkpoint_without_guidance_embedding():
     # FluxPipeline ignores guidance_scale without a guidance embedding, as Difflet does
     assert_images_close(ours, _reference(ckpt, prompt="a green tree", seed=2, num_inference_steps=4),
                         "flux-schnell vs FluxPipeline")
+

@@ -11,11 +11,16 @@ Invariants:
   in-process (no worker start-up cost).
 - A failure comes back as a DiffletError naming the program; a worker that dies (e.g. killed
   for memory) is reported the same way.
+- Workers never import the caller's `__main__`: a script calling the Python API without an
+  `if __name__ == "__main__":` guard (as diffusers' examples are written) would otherwise run again
+  in every worker and start pools inside them. The work they do lives in this module.
 """
 from __future__ import annotations
 
 import os
+import sys
 import time
+from contextlib import contextmanager
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Iterator
@@ -89,6 +94,23 @@ def _compile_one(module: Module, name: str, ckpt: str, store_root: str, backend:
         return False, f"{type(err).__name__}: {err}"
 
 
+@contextmanager
+def _main_not_inherited():
+    """While workers start: multiprocessing's spawn hands a child the path (`__file__`) or module
+    name (`__spec__`) of `__main__` to run again as `__mp_main__` (multiprocessing/spawn.py
+    get_preparation_data); with neither it imports nothing of the caller's script."""
+    main = sys.modules.get("__main__")
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
+    if main is not None:
+        main.__dict__.pop("__file__", None)
+        main.__spec__ = None  # spawn reads main.__spec__ unguarded: None, not deleted
+    try:
+        yield
+    finally:
+        if main is not None:
+            main.__dict__.update(saved)
+
+
 class CompilePool:
     """`with CompilePool(...) as pool`: `node in pool` if a worker compiles it; `pool.results()`
     yields (node, manifest entry, created, seconds) as each finishes."""
@@ -112,10 +134,11 @@ class CompilePool:
             self._executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
                                                  initializer=_init_worker)
             module, ckpt, store_root, backend, out, verbose = self._args
-            for node in self.nodes:
-                fut = self._executor.submit(_compile_one, module, node.name, ckpt, store_root, backend, out,
-                                            verbose)
-                self._futures[fut] = node
+            with _main_not_inherited():  # spawn starts the workers inside submit (concurrent/futures/process.py)
+                for node in self.nodes:
+                    fut = self._executor.submit(_compile_one, module, node.name, ckpt, store_root, backend, out,
+                                                verbose)
+                    self._futures[fut] = node
         return self
 
     def results(self) -> Iterator[tuple[Node, object, bool, float]]:
