@@ -70,3 +70,12 @@ def flux_tiny_slow_art(tmp_path_factory):
     out = tmp_path_factory.mktemp("flux-tiny-slow-art")
     codegen(module, str(ckpt), out, store=shared_store_dir(), log=lambda *_: None)
     return out
+
+
+@pytest.fixture(scope="session")
+def tp1_demo(tmp_path_factory, difflet_test_store):
+    """model -> (CompletedProcess, output) of one TP1 `difflet demo` per worker (e2e_util.tp1_demo_runner):
+    the every-family e2e test checks it and the --parallel tests compare with it."""
+    from e2e_util import tp1_demo_runner
+
+    return tp1_demo_runner(tmp_path_factory, difflet_test_store)

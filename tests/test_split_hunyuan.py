@@ -16,7 +16,7 @@ replicated) from one random:0 checkpoint:
 They run EAGERLY (the rank modules without AOT compile, same code as the programs) from one
 program build per layout at every valid_text; one layout, hunyuan-video-tiny tp1cp2 ulysses, is
 also compiled with AOTInductor through codegen (the same rank programs `difflet demo --parallel`
-serves in test_e2e_demo, so the store compiles them once), loaded as a SplitProgram and served by
+serves in test_e2e_parallel_videos, so the store compiles them once), loaded as a SplitProgram and served by
 ModelRunner against the TP1 video.
 
 The oracle is diffusers itself with the pipeline's encoder_attention_mask (right padding,

@@ -12,7 +12,7 @@ video keys, local elsewhere) from one random:0 checkpoint:
   ring, gather_kv}.
 They run EAGERLY (the rank modules without AOT compile, same code as the programs); one layout,
 ltx2-tiny tp1cp2 ring (CP ring, gather_kv for audio queries, the stream shards; TP is compiled by
-test_e2e_demo's tp2 demo), is also compiled with AOTInductor through codegen, loaded as a
+test_e2e_parallel_videos' tp2 demo), is also compiled with AOTInductor through codegen, loaded as a
 SplitProgram and served by ModelRunner against the TP1 video and audio.
 
 LTX-2's denoiser has no runtime text bound: the connectors replace the left padding with learnable
@@ -44,7 +44,7 @@ FOUR = [("tiny", p, a) for p in ("tp2cp2", "cp4") for a in ("ring", "gather_kv")
        [("tiny4", "tp4", None), ("tiny4", "tp4+sp", None)] + \
        [("tiny4", p, a) for p in ("tp2cp2", "tp2cp2+sp", "cp4") for a in ("ulysses", "ring", "gather_kv")]
 BF16 = ("tiny4", "tp2cp2+sp", "ulysses")
-COMPILED = ("tiny", "tp1cp2", "ring")  # the rank programs test_e2e_demo's ltx2-tiny CP demo serves
+COMPILED = ("tiny", "tp1cp2", "ring")  # the rank programs test_e2e_parallel_videos' ltx2-tiny CP demo serves
 TOL = 1e-4
 
 

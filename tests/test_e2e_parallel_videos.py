@@ -1,0 +1,21 @@
+"""`difflet demo --parallel` for the videos models: split rank programs compiled and served through the
+real difflet-runtime equal the TP1 demo's output (e2e_util.assert_parallel_serves_the_tp1_output)."""
+from __future__ import annotations
+
+import pytest
+
+from e2e_util import assert_parallel_serves_the_tp1_output
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("model, args", [
+    ("wan2.1-tiny", ("--parallel", "tp2")),
+    ("wan2.1-tiny", ("--parallel", "tp1cp2", "--attention", "ring")),
+    ("hunyuan-video-tiny", ("--parallel", "tp2")),
+    ("hunyuan-video-tiny", ("--parallel", "tp1cp2", "--attention", "ulysses")),
+    ("ltx2-tiny", ("--parallel", "tp2")),
+    ("ltx2-tiny", ("--parallel", "tp1cp2", "--attention", "ring")),  # rank programs shared with test_split_ltx2
+])
+def test_demo_parallel_serves_the_tp1_output(tmp_path, difflet_test_store, tp1_demo, model, args):
+    assert_parallel_serves_the_tp1_output(tmp_path, difflet_test_store, tp1_demo, model, args)
