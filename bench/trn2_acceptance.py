@@ -11,7 +11,8 @@
                                     and R timed requests over gRPC (the median is the request time)
     timed --json FILE -- CMD...     run CMD, write its wall time and exit status (the last stderr line when
                                     it fails, e.g. a layout codegen refuses); exit with CMD's status
-    report --dir OUT                every layout's JSON -> OUT/trn2_acceptance.{json,md}, expectations beside
+    report --dir OUT                every layout's JSON -> OUT/trn2_acceptance.{json,md}, expectations beside;
+                                    exit 1 when a compared program is below MIN_COSINE or missing
 
 Invariants: `preflight` and `sdk` import nothing of the SDK (find_spec and the file system only), so a
 host without it stops there with one line; every figure in the report comes from a file a step wrote.
@@ -106,7 +107,7 @@ def cmd_compare(a) -> None:
                 continue
             x = example_inputs(prog.node)  # seeded: the same tensors for both programs
             got, want = prog(*x), ref.programs[name](*x)
-            outputs = [_closeness(g, w) for g, w in zip(got, want)]
+            outputs = [_closeness(g, w) for g, w in zip(got, want, strict=True)]
             row = {"outputs": outputs, "ok": all(o["cosine"] >= MIN_COSINE for o in outputs)}
             if name in denoisers:
                 times = []
@@ -209,6 +210,11 @@ def cmd_report(a) -> None:
                      f"| {'—' if worst is None else f'{worst:.6f} (need >= {MIN_COSINE})'} |")
     (root / "trn2_acceptance.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    disagree = [f"{layout}/{name}" for layout, row in layouts.items()
+                for name, p in ((row["compare"] or {}).get("programs") or {}).items() if not p.get("ok")]
+    if disagree:
+        print(f"trn2_acceptance: below cosine {MIN_COSINE} or not compared: {', '.join(disagree)}", file=sys.stderr)
+        raise SystemExit(1)
 
 
 def main(argv=None) -> None:

@@ -101,10 +101,5 @@ done
 
 # 6. the report: $OUT/trn2_acceptance.json and .md
 # shellcheck disable=SC2086  # one argument per layout
-run "${HELPER[@]}" report --dir "$OUT" --layouts $LAYOUTS
-if [ "$DRY" = 0 ] && [ "$COMPARE" = 1 ]; then
-    # shellcheck disable=SC2086
-    "$PY" -c 'import json,sys; rows=[json.load(open(f)) for f in sys.argv[1:]]; sys.exit(0 if all(p.get("ok") for r in rows for p in r["programs"].values()) else 1)' \
-        $(for L in $BUILT; do echo "$OUT/compare-$L.json"; done) || FAILED=1
-fi
+run "${HELPER[@]}" report --dir "$OUT" --layouts $LAYOUTS || FAILED=1  # 1: a program disagrees
 exit "$FAILED"

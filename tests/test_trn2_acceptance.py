@@ -109,7 +109,7 @@ def test_report_puts_the_papers_figures_beside_ours_and_names_a_refused_layout(t
     (tmp_path / "compile-tp4.json").write_text(json.dumps({"seconds": 1200.0, "rc": 0}))
     (tmp_path / "serve-tp4.json").write_text(json.dumps({"load_s": 30.5, "request_s": 15.0}))
     (tmp_path / "compare-tp4.json").write_text(json.dumps(
-        {"step_ms": 280.0, "programs": {"transformer": {"outputs": [{"cosine": 0.9995}]}}}))
+        {"step_ms": 280.0, "programs": {"transformer": {"outputs": [{"cosine": 0.9995}], "ok": True}}}))
     (tmp_path / "compile-tp2cp2.json").write_text(json.dumps({"rc": 2, "refused": "error: not sp or cp"}))
     _helper().main(["report", "--dir", str(tmp_path), "--layouts", "tp4", "tp2cp2"])
     md = (tmp_path / "trn2_acceptance.md").read_text().splitlines()
@@ -117,3 +117,19 @@ def test_report_puts_the_papers_figures_beside_ours_and_names_a_refused_layout(t
                      "| 15.0 s (paper 14.2 s) | 0.999500 (need >= 0.999) |")
     assert md[3] == "| tp2cp2 | refused: error: not sp or cp | | | | |"
     assert json.loads((tmp_path / "trn2_acceptance.json").read_text())["layouts"]["tp4"]["serve"]["load_s"] == 30.5
+
+
+def test_closeness_and_a_disagreeing_program_fail_the_report(tmp_path):
+    """Orthogonal outputs: cosine 0, max abs 1; the report then exits 1 naming the program."""
+    import json
+
+    import torch
+
+    helper = _helper()
+    row = helper._closeness(torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0]))
+    assert row["cosine"] == 0.0 and row["max_abs"] == 1.0
+    (tmp_path / "compare-tp4.json").write_text(json.dumps(
+        {"programs": {"vae": {"outputs": [row], "ok": row["cosine"] >= helper.MIN_COSINE}}}))
+    with pytest.raises(SystemExit) as exit_:
+        helper.main(["report", "--dir", str(tmp_path), "--layouts", "tp4"])
+    assert exit_.value.code == 1
