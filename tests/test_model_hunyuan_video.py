@@ -4,7 +4,9 @@ against the diffusers/transformers classes and HunyuanVideoPipeline on the same 
 Oracles: each compiled program vs its class loaded from the checkpoint (fp32, max abs <= 1e-4;
 the denoiser also at valid_text < max_text, the reference given the equivalent padded mask); the
 runner's video vs HunyuanVideoPipeline.from_pretrained(ckpt) with the same prompt, seed, steps,
-guidance, size, frames and max_sequence_length (PSNR >= 40 dB per frame).
+guidance, size, frames and max_sequence_length under oracle_util's closeness rule (measured: max
+|diff| 1, 99.99% identical, 87 dB; guidance + 1.5, scheduler shift + 2, seed + 1 measured 37.6, 41.9
+and 14.8 dB, max |diff| >= 10: all fail it).
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import torch
 
 from conftest import REPO
 from difflet.errors import DiffletError
-from oracle_util import compile_art, images_close, planned_tiny, psnr, random_checkpoint
+from oracle_util import assert_images_close, compile_art, images_close, planned_tiny, random_checkpoint
 
 DSL = REPO / "models" / "hunyuan-video-tiny.dsl"
 ATOL = 1e-4
@@ -129,9 +131,7 @@ def test_runner_video_matches_hunyuanvideopipeline(runner, pipe):
     ours = result.video
     assert ours.shape == ref.shape == (profile["frames"], profile["height"], profile["width"], 3)
     assert ours.std() > 0 and result.fps == 15 and result.mp4[4:8] == b"ftyp"
-    # PSNR 40 dB lets wrong settings (43-47 dB) pass: not yet measured against assert_images_close
-    frames = [psnr(a, b) for a, b in zip(ours, ref)]
-    assert min(frames) >= 40.0, f"per-frame PSNR {frames}"
+    assert_images_close(ours, ref, "video vs HunyuanVideoPipeline")
 
 
 def test_warm_up_passes(runner):
@@ -182,7 +182,7 @@ def test_true_cfg_schedule_matches_the_pipelines_true_cfg(module, ckpt, pipe, tm
     plain = runner.generate(runner.resolve(prompt=PROMPT, seed=3, guidance=1.0,
                                            negative_prompt="dark blurry")).video
     assert not images_close(plain, ours)  # the uncond branch moved the output beyond rounding
-    assert min(psnr(a, b) for a, b in zip(ours, ref)) >= 40.0  # weak, as above
+    assert_images_close(ours, ref, "true_cfg video vs HunyuanVideoPipeline(true_cfg_scale=4)")
 
 
 def test_cadence_step_caching_runs_the_hunyuan_loop(runner):

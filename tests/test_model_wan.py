@@ -2,7 +2,9 @@
 
 Oracles: UMT5EncoderModel, WanTransformer3DModel and AutoencoderKLWan loaded from the same
 random:0 checkpoint, and WanPipeline over that checkpoint run with the same prompt, seed, steps,
-guidance, negative prompt and size. The compiled programs are the ART's (AOTInductor), the
+guidance, negative prompt and size, under oracle_util's closeness rule (measured: max |diff| <= 1,
+99.996% identical in every case; guidance + 1.5, another negative prompt, flow_shift + 2 and seed + 1
+measured 43.3-44.0, 34.4-39.9, 33.5-37.9 and 16 dB, max |diff| >= 10). The compiled programs are the ART's (AOTInductor), the
 decoder runs as Difflet's first-chunk + chunk programs with explicit causal caches.
 """
 from __future__ import annotations
@@ -14,7 +16,7 @@ import torch
 from conftest import REPO, shared_store_dir
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Op
-from oracle_util import assert_images_close, compile_art, psnr, random_checkpoint
+from oracle_util import assert_images_close, compile_art, random_checkpoint
 
 WAN_TINY_DSL = REPO / "models" / "wan2.1-tiny.dsl"
 PROMPT = "a red fox running through the snow"
@@ -167,8 +169,7 @@ def test_branch_programs_are_served_and_equal_the_pipeline(module, branch_art, p
     params = runner.resolve(prompt=PROMPT, seed=11, steps=2, guidance=3.0)
     ref = reference_video(pipe, runner.profile, PROMPT, 11, 2, 3.0)
     video = runner.generate(params).video
-    worst = min(psnr(video[f], ref[f]) for f in range(ref.shape[0]))
-    assert worst >= 40.0, f"worst frame PSNR {worst:.1f} dB"
+    assert_images_close(video, ref, "branch programs' video vs WanPipeline")
 
 
 def test_a_branch_program_of_another_key_is_refused(branch_art, tmp_path):
@@ -229,8 +230,7 @@ def test_runner_video_matches_wanpipeline(runner, pipe, seed, steps, guidance, n
     assert result.video.shape == ref.shape == (9, 32, 32, 3)
     assert result.fps == 16 and result.media[1] == "mp4" and len(result.mp4) > 0
     assert result.video.std() > 0
-    worst = min(psnr(result.video[f], ref[f]) for f in range(ref.shape[0]))
-    assert worst >= 40.0, f"worst frame PSNR {worst:.1f} dB"
+    assert_images_close(result.video, ref, "video vs WanPipeline")
     assert len(calls) == params.steps * (2 if params.guidance > 1 else 1)  # cond + uncond per step
 
 

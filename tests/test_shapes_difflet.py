@@ -5,6 +5,9 @@ that side), called as the model card says (32x32, max_sequence_length=16, defaul
 Difflet's side is models/flux-shapes.dsl lowered, optimized (tp1, cpu, inductor), codegen'd
 against the same directory (programs from the session test store) and run through
 ModelRunner.from_artifacts with the profile's defaults: the path difflet-runtime serves.
+Closeness rule of tests/oracle_util.py (measured: identical, and max |diff| 1 at 83 dB); seed + 1,
+true_cfg 1.5 (a negative prompt), scheduler shift + 2 and even 27 instead of 28 steps measured
+10.7-12.2, 16.1-24.1, 41.8-48.0 and 53.1-54.5 dB with max |diff| >= 6: all fail it.
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import pytest
 from difflet.train import generate, load_pipeline
 from difflet.train.checker import check
 from difflet.train.shapes_data import caption
-from oracle_util import psnr
+from oracle_util import assert_images_close
 
 # the demo's default prompt and seed, and a second shape/colour pair; both drawn correctly
 CASES = [(("triangle", "yellow", "black"), 42), (("circle", "red", "blue"), 1)]
@@ -40,7 +43,7 @@ def test_difflet_image_matches_fluxpipeline(shapes_runner):
         ours = shapes_runner.generate(shapes_runner.resolve(prompt=prompt, seed=seed)).image
         (ref,) = generate(pipe, [prompt], [seed])
         assert ours.shape == ref.shape == (32, 32, 3)
-        assert psnr(ours, ref) >= 40.0, (prompt, seed, psnr(ours, ref))
+        assert_images_close(ours, ref, f"{prompt!r} seed {seed}")
         # the same image, so it must also be a correct one (not two equal failures)
         assert all(check(ours, *spec).values()), (prompt, seed, check(ours, *spec))
 
