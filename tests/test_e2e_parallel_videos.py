@@ -1,10 +1,10 @@
 """`difflet demo --parallel` for the videos models: split rank programs compiled and served through the
-real difflet-runtime equal the TP1 demo's output (e2e_util.assert_parallel_serves_the_tp1_output)."""
+real difflet-runtime equal the family's diffusers pipeline output (e2e_util.assert_parallel_serves_the_pipeline_output)."""
 from __future__ import annotations
 
 import pytest
 
-from e2e_util import assert_parallel_serves_the_tp1_output
+from e2e_util import assert_parallel_serves_the_pipeline_output
 
 pytestmark = pytest.mark.slow
 
@@ -17,5 +17,5 @@ pytestmark = pytest.mark.slow
     ("ltx2-tiny", ("--parallel", "tp2")),
     ("ltx2-tiny", ("--parallel", "tp1cp2", "--attention", "ring")),  # rank programs shared with test_split_ltx2
 ])
-def test_demo_parallel_serves_the_tp1_output(tmp_path, difflet_test_store, tp1_demo, model, args):
-    assert_parallel_serves_the_tp1_output(tmp_path, difflet_test_store, tp1_demo, model, args)
+def test_demo_parallel_serves_the_pipeline_output(tmp_path, difflet_test_store, model, args):
+    assert_parallel_serves_the_pipeline_output(tmp_path, difflet_test_store, model, args)
