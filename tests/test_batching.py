@@ -1,14 +1,14 @@
 """Batching (issue 15): flux-tiny lowered with `--batch-sizes 1,2,4`, concurrent requests of one
 size joined into batched denoiser calls.
 
-Oracle: each request run alone on the same artifact (batch-1 programs). A batch-B program is a
-separately compiled float program whose kernels may round differently per batch size, so a
-request's image in a batch must match its image alone within tests/oracle_util.py's closeness
-rule (max pixel diff 1, >= 99% identical); a row mixed up with another request's (other seed and
-prompt) differs by far more (measured: max diff > 100), so a wrong row or a wrong shared input
-still fails. Which calls were batched is asserted from the gate's own count, deterministically:
-the test holds the gate (as a member that never calls) until every request has its first
-denoiser call pending, so the first and every later call carry all rows.
+Oracle: FluxPipeline on the same checkpoint, one call per request (its prompt, seed, steps:
+pipeline_oracle.py). A batch-B program is a separately compiled float program whose kernels may
+round differently per batch size, so a request's image in a batch must match the pipeline's within
+tests/oracle_util.py's closeness rule (max pixel diff 1, >= 99% identical); a row mixed up with
+another request's (other seed and prompt) differs by far more (measured: max diff > 100), so a wrong
+row or a wrong shared input still fails. Which calls were batched is asserted from the gate's own
+count, deterministically: the test holds the gate (as a member that never calls) until every request
+has its first denoiser call pending, so the first and every later call carry all rows.
 """
 from __future__ import annotations
 
@@ -59,8 +59,11 @@ REQUESTS = [dict(prompt=p, seed=s) for p, s in [("a red cube", 1), ("a blue sphe
 
 
 @pytest.fixture(scope="module")
-def alone(runner):
-    return [runner.generate(runner.resolve(**r)).image for r in REQUESTS]
+def alone():
+    """Each request's image from FluxPipeline, run alone (the name says what batching must not change)."""
+    from pipeline_oracle import pipeline_output
+
+    return [pipeline_output("flux-tiny", r["prompt"], r["seed"], steps=STEPS) for r in REQUESTS]
 
 
 def _together(runner, requests, should_stop=None):
@@ -126,7 +129,7 @@ def test_manifest_lists_batch_sizes_apart_from_served_sizes(art):
 
 
 @pytest.mark.parametrize("n", [2, 4])
-def test_each_request_in_a_batch_equals_itself_alone(runner, alone, n):
+def test_each_request_in_a_batch_equals_the_pipeline_alone(runner, alone, n):
     results, calls = _together(runner, REQUESTS[:n])
     assert calls == {n: STEPS}, calls  # every step's denoiser call carried all n rows
     for i, result in enumerate(results):
@@ -207,22 +210,23 @@ def test_served_concurrent_requests_equal_their_images_alone(art, alone):
 
 def test_python_api_runs_num_images_per_prompt_through_the_batch_programs(runner, alone):
     """`DiffletPipeline.from_pretrained(..., batch_sizes=[1, 2, 4])` on the same random:0 weights:
-    its images equal the runner's images of the same prompt and seeds run alone."""
+    its images equal FluxPipeline's of the same prompt and seeds."""
     from difflet.pipeline import DiffletPipeline
+    from pipeline_oracle import pipeline_output
 
     with DiffletPipeline.from_pretrained("random:0", model=DSL, batch_sizes=[1, 2, 4],
                                          store=shared_store_dir()) as pipe:
         assert pipe.runner.max_batch == 4 and pipe.runner.batch_sizes == (1, 2, 4)
         out = pipe("a red cube", num_images_per_prompt=2, seed=1, num_inference_steps=STEPS)
     assert out.seeds == [1, 2]
-    second_alone = runner.generate(runner.resolve(prompt="a red cube", seed=2)).image
+    second_alone = pipeline_output("flux-tiny", "a red cube", 2, steps=STEPS)
     for got, ref in zip((r.image for r in out.results), (alone[0], second_alone)):
         assert images_close(got, ref), describe_match(got, ref)
 
 
 def test_a_video_family_batches_too(tmp_path_factory, difflet_test_store):
     """hunyuan-video-tiny lowered with --batch-sizes 1,2: two requests of different prompts and
-    seeds run as batched denoiser calls, each video equal to itself run alone (same rule). Its
+    seeds run as batched denoiser calls, each video equal to HunyuanVideoPipeline's (same rule). Its
     text is masked, so valid_text is a shared input: prompts of another token count never share
     a call (they would attend the wrong keys), they run side by side in calls of their own."""
     from difflet.codegen.checkpoint import resolve_weights
@@ -230,9 +234,11 @@ def test_a_video_family_batches_too(tmp_path_factory, difflet_test_store):
     from difflet.frontend.lower import lower_file
     from difflet.passes.pipeline import optimize
     from difflet.runtime.runner import ModelRunner
+    from pipeline_oracle import checkpoint, pipeline_output
 
     module = optimize(lower_file(str(REPO / "models" / "hunyuan-video-tiny.dsl"), batches=[1, 2]))
     ckpt = resolve_weights(module, "random:0", difflet_test_store)
+    assert ckpt == checkpoint("hunyuan-video-tiny")  # the oracle's checkpoint: batch sizes change no weight
     out = tmp_path_factory.mktemp("batching-video") / "art"
     codegen(module, str(ckpt), out, store=difflet_test_store, log=lambda *_: None)
     steps = int(module.attrs["profile"]["steps"])
@@ -241,7 +247,7 @@ def test_a_video_family_batches_too(tmp_path_factory, difflet_test_store):
     with ModelRunner.from_artifacts(out, max_batch=2) as runner:
         runner.warm_up()
         for requests, want in ((same_len, {2: steps}), (other_len, {1: 2 * steps})):
-            alone = [runner.generate(runner.resolve(**r)).video for r in requests]
+            alone = [pipeline_output("hunyuan-video-tiny", r["prompt"], r["seed"]) for r in requests]
             results, calls = _together(runner, requests)
             assert calls == want, calls
             for got, ref in zip(results, alone):

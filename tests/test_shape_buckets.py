@@ -2,7 +2,8 @@
 
 Oracle: the single-size artifact of each size (lowered with --profile width=,height=). A bucket's
 programs have the single-size programs' cache keys, so they are the same compiled files run on
-the same weights: outputs must be identical, not merely close.
+the same weights: outputs must be identical, not merely close. Each size's output is also held to
+the diffusers pipeline at that size (pipeline_oracle.py) by oracle_util's closeness rule.
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from difflet.frontend.lower import lower_file
 from difflet.ir.buckets import merge, view, views
 from difflet.ir.text import parse_module, print_module
 from difflet.passes.pipeline import optimize
+from oracle_util import assert_images_close
+from pipeline_oracle import checkpoint, pipeline_output
 
 pytestmark = pytest.mark.slow  # compiles whole split / bucketed / bf16 models: full suite only
 
@@ -95,6 +98,8 @@ def test_each_size_equals_its_single_size_artifact(runner, flux_tiny_ckpt, tmp_p
             ref = alone.generate(alone.resolve(prompt="a red fox", seed=3)).image
         assert ours.shape == (h, w, 3)
         assert np.array_equal(ours, ref), size  # same program files, same weights, same inputs
+        assert_images_close(ours, pipeline_output("flux-tiny", "a red fox", 3, height=h, width=w),
+                            f"{size} vs FluxPipeline")
 
 
 def test_sizes_share_one_copy_of_each_weight(runner, art):
@@ -186,6 +191,9 @@ def test_video_buckets_over_frame_count(tmp_path):
         ours = runner.generate(runner.resolve(prompt="a fox", seed=2, steps=2, frames=5)).video
         ref = alone.generate(alone.resolve(prompt="a fox", seed=2, steps=2)).video
         assert ours.shape == (5, 32, 32, 3) and np.array_equal(ours, ref)
+        assert ckpt == checkpoint("wan2.1-tiny")  # the oracle's: buckets change no weight
+        assert_images_close(ours, pipeline_output("wan2.1-tiny", "a fox", 2, steps=2, frames=5),
+                            "5 frames vs WanPipeline")
         assert runner.generate(runner.resolve(prompt="a fox", seed=2, steps=1)).video.shape[0] == 9
         with pytest.raises(DiffletError) as err:
             runner.resolve(prompt="a fox", seed=2, frames=7)

@@ -94,12 +94,12 @@ def emit_node(node: Node, ckpt: Path, store, backend: str, out: Path) -> tuple[C
 def _bucket_files(node: Node, pm, weights: dict, out: Path, prog_rel: str) -> RankFiles:
     """A bucket program's files: the checkpoint's tensors in one file that every size of the
     component shares (loaded once; written once per codegen, by whichever size comes first), its
-    graph-made constants (size-dependent tables) in its own."""
+    graph-made constants and non-persistent buffers (size-dependent tables) in its own."""
     from safetensors.torch import save_file
 
-    from difflet.codegen.inductor import module_tensors
-
-    known = module_tensors(pm)
+    # the checkpoint's tensors: parameters and persistent buffers (a non-persistent buffer may be
+    # a size-dependent table a family installs, e.g. Qwen's static RoPE grid: per size, not shared)
+    known = set(pm.state_dict(keep_vars=True))
     shared_rel = program_paths(base_name(node))[1]
     constants_rel = program_paths(node.name)[1].replace(".safetensors", ".constants.safetensors")
     if not (out / shared_rel).exists():  # _codegen removed last run's; the first size writes it
