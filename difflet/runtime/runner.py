@@ -216,8 +216,8 @@ class ModelRunner:
             (result.video, (int(env.profile["frames"]), h, w, 3))
         if out.shape != want:
             problems.append(f"output shape {out.shape} != {want}")
-        elif int(out.max()) == int(out.min()):
-            problems.append(f"output is constant ({int(out.min())})")
+        elif bool((out == out[(0,) * (out.ndim - 1)]).all()):  # every pixel one colour (flat red too, not only grey)
+            problems.append(f"output is constant (every pixel is {tuple(out[(0,) * (out.ndim - 1)].tolist())})")
         if problems:
             raise RuntimeError(f"warm-up generation ({w}x{h}) failed its checks: " + "; ".join(problems))
         return result

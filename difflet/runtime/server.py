@@ -156,7 +156,8 @@ def main(art: str, port: int, host: str, queue_size: int, request_timeout: float
         message = err.format_message() if isinstance(err, click.BadParameter) else str(err)
         click.echo(f"error: {message}", err=True)
         sys.exit(2)
-    except Exception as err:  # a failed warm-up: one line, not a traceback
+    except Exception as err:  # anything unforeseen: one line, not a traceback (a model process's
+        # failed load or warm-up arrives as a DiffletError above: exit 2)
         if server is not None:
             server.stop(grace=0)
         click.echo(f"error: {type(err).__name__}: {err}", err=True)

@@ -124,9 +124,11 @@ class VideoJobs:
             self.changed.notify_all()
 
     def _end(self, video: VideoJob, status: str, error) -> None:
-        self._update(video, status=status, error=error, completed_at=int(time.time()),
-                     progress=100 if status == "completed" else video.progress,
-                     expires=time.monotonic() + self.retention_s)
+        with self.changed:  # one change: the record ends and the record bound is applied at once
+            self._update(video, status=status, error=error, completed_at=int(time.time()),
+                         progress=100 if status == "completed" else video.progress,
+                         expires=time.monotonic() + self.retention_s)
+            self._expire_records()  # so the bound holds in memory, not only when the jobs are read
 
     def _evicted(self, name: str) -> None:
         with self.changed:
