@@ -81,7 +81,7 @@ class DiffletPipeline:
         self.runner, self.art = runner, art
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path: str | Path, *, model: str | Path,
+    def from_pretrained(cls, pretrained_model_name_or_path: str | Path, *, model: str | Path | None = None,
                         height: int | None = None, width: int | None = None,
                         num_frames: int | None = None, max_sequence_length: int | None = None,
                         dtype: Any = None, shapes: list[str] | None = None,
@@ -94,10 +94,13 @@ class DiffletPipeline:
         sizes from one load; `batch_sizes` (e.g. [1, 2, 4]) compiles the denoiser at those batch
         sizes, so `num_images_per_prompt` images and several prompts run as batched calls.
         `pretrained_model_name_or_path`: a diffusers-format directory,
-        `hf:ORG/NAME` (local cache, offline) or `random:SEED` (configs from the description)."""
+        `hf:ORG/NAME` (local cache, offline) or `random:SEED` (configs from the description).
+        `model`: a bundled description name or a .dsl path; None: the family's description, found
+        from the checkpoint's model_index.json (as diffusers' DiffusionPipeline does)."""
         from difflet.codegen.driver import codegen
         from difflet.codegen.manifest import MANIFEST
         from difflet.codegen.store import default_store_dir
+        from difflet.frontend.discover import description_for
         from difflet.frontend.lower import lower_file
         from difflet.passes.pipeline import optimize
 
@@ -109,7 +112,7 @@ class DiffletPipeline:
                 overrides[key] = str(int(value))
         if dtype is not None:
             overrides["dtype"] = _dtype_name(dtype)
-        dsl = model_description(model)
+        dsl = description_for(weights) if model is None else model_description(model)
         module = lower_file(dsl, overrides, None if weights.startswith("random:") else weights, shapes,
                             batch_sizes)
         module = optimize(module, parallel=parallel, target=target, backend=backend, attention=attention)

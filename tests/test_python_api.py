@@ -111,6 +111,15 @@ def test_second_from_pretrained_compiles_and_rewrites_nothing(pipe, fine_tune):
     assert again.art == pipe.art and lines == [] and manifest.stat().st_mtime_ns == before
 
 
+def test_without_a_model_the_checkpoints_model_index_names_it(pipe, fine_tune):
+    """FluxPipeline in model_index.json with a guidance embedding -> models/flux.dsl: the very
+    artifact `model="flux"` made, nothing compiled."""
+    lines = []
+    with DiffletPipeline.from_pretrained(fine_tune, dtype="float32", store=shared_store_dir(), log=lines.append,
+                                         **SIZE) as found:
+        assert found.art == pipe.art and lines == []
+
+
 @pytest.mark.parametrize("call,argument", [
     (dict(height=128), "height"),
     (dict(num_inference_steps=0), "num_inference_steps"),
@@ -145,9 +154,9 @@ def test_stated_config_contradicted_by_the_checkpoint_is_located(fine_tune, monk
 
 
 def test_schnell_description_serves_a_checkpoint_without_guidance_embedding():
+    """Named by model_index.json too: no guidance embedding -> flux-schnell.dsl."""
     ckpt = _checkpoint("flux-schnell.dsl", guidance_embeds=False)
-    with DiffletPipeline.from_pretrained(ckpt, model="flux-schnell", dtype="float32",
-                                         store=shared_store_dir(), **SIZE) as schnell:
+    with DiffletPipeline.from_pretrained(ckpt, dtype="float32", store=shared_store_dir(), **SIZE) as schnell:
         assert "guidance" not in [i.name for i in schnell.runner.module.component("transformer").body]
         assert schnell.profile["steps"] == 4
         ours = np.asarray(schnell(prompt="a green tree", seed=2).images[0])

@@ -46,6 +46,9 @@ class FamilyFacts:
     split_built: tuple[str, ...] = ()
     probe_built: tuple[str, ...] = ()
     spmd_built: tuple[str, ...] = ()
+    # checkpoint directory -> the bundled description (models/NAME.dsl) that serves it, when
+    # no model is named (the family is found from model_index.json: difflet/frontend/discover.py)
+    description: Callable[[Any], str] = lambda ckpt: ""
 
 
 def steps(module):

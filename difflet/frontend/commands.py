@@ -9,7 +9,7 @@ import click
 
 
 @click.command("lower")
-@click.argument("dsl", type=click.Path(dir_okay=False))
+@click.argument("dsl", type=click.Path(dir_okay=False), required=False)
 @click.option("--profile", "profile", default="", metavar="K=V[,K=V...]",
               help="Override profile parameters, e.g. height=1024,width=1024.")
 @click.option("--weights", default=None, metavar="DIR|hf:ORG/NAME",
@@ -24,14 +24,21 @@ import click
                    "description's profile needs a `batch` parameter.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Write the binary IR here (default: print the text IR to stdout).")
-def lower(dsl: str, profile: str, weights: str | None, shapes: str, batches: str,
+def lower(dsl: str | None, profile: str, weights: str | None, shapes: str, batches: str,
           output: str | None) -> None:
-    """Lower a model description to pipeline IR for one serving profile."""
+    """Lower a model description to pipeline IR for one serving profile. Without DSL, the
+    description of the --weights checkpoint's family (from its model_index.json)."""
+    from difflet.frontend.discover import description_for
     from difflet.frontend.lower import lower_file
     from difflet.frontend.profile import parse_profile_arg
 
     from difflet.ir.buckets import split_batches, split_sizes
 
+    if dsl is None:
+        if weights is None:
+            raise click.UsageError("give a model description (DSL), or --weights DIR to take its "
+                                   "family's description from DIR/model_index.json")
+        dsl = str(description_for(weights, where="--weights"))
     module = lower_file(dsl, parse_profile_arg(profile), weights, split_sizes(shapes) or None,
                         split_batches(batches) or None)
     if output is None:

@@ -2,12 +2,24 @@
 FluxTransformer2DModel's split rules, and its split, probe and neuron SPMD programs are built."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from difflet.families.facts import FamilyFacts
 from difflet.families.split_globs import dual_single_stream
 
 DENOISER = "diffusers.FluxTransformer2DModel"
 
+
+def description(ckpt) -> str:
+    """flux-schnell.dsl (no guidance input, guidance mode "none") for a transformer without a
+    guidance embedding (FLUX.1-schnell and its fine-tunes), else flux.dsl."""
+    config = json.loads((Path(ckpt) / "transformer" / "config.json").read_text())
+    return "flux" if config.get("guidance_embeds", False) else "flux-schnell"
+
+
 FACTS = FamilyFacts(
+    description=description,
     default_guidance="embedded",
     rules={DENOISER: dict(dual_single_stream(),
                           probe=("x_embedder", "time_text_embed", "transformer_blocks.0.norm1"))},

@@ -30,6 +30,7 @@ def fps(module) -> float:
 
 
 FACTS = FamilyFacts(
+    description=lambda ckpt: "hunyuan-video",
     prompt_text=lambda prompt, templated: PROMPT_TEMPLATE.format(prompt) if templated else prompt,
     templated=_llama, fps=fps, default_guidance="embedded",
     rules={DENOISER: dict(dual_single_stream(),

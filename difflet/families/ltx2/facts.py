@@ -15,6 +15,7 @@ def frame_rate(module) -> float:
 
 
 FACTS = FamilyFacts(
+    description=lambda ckpt: "ltx2",
     prompt_text=lambda prompt, templated: prompt.strip(), default_guidance="cfg", fps=frame_rate,
     rules={DENOISER: {
         "column": tuple(f"transformer_blocks.*.{a}.{p}" for a in _ATTN for p in ATTN_COL)

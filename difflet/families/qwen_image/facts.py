@@ -18,6 +18,7 @@ def _every_encoder(module) -> frozenset[str]:
 
 
 FACTS = FamilyFacts(
+    description=lambda ckpt: "qwen-image",
     prompt_text=lambda prompt, templated: PROMPT_TEMPLATE.format(prompt) if templated else prompt,
     templated=_every_encoder, default_guidance="true_cfg",
     rules={DENOISER: {

@@ -27,6 +27,7 @@ def prompt_clean(text: str) -> str:
 
 
 FACTS = FamilyFacts(
+    description=lambda ckpt: "wan2.1",
     prompt_text=lambda prompt, templated: prompt_clean(prompt), default_guidance="cfg", fps=lambda module: FPS,
     rules={DENOISER: {
         "column": paths("blocks.*.attn1", ATTN_COL) + paths("blocks.*.attn2", ATTN_COL) + ("blocks.*.ffn.net.0.proj",),

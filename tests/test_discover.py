@@ -1,0 +1,82 @@
+"""The description found from a checkpoint's model_index.json when no model is named
+(difflet/frontend/discover.py): `DiffletPipeline.from_pretrained(DIR)`, `difflet lower --weights DIR`.
+
+Oracle: the `_class_name` diffusers itself wrote into each tiny family's saved checkpoint
+(`save_pretrained` of the real pipeline classes' components) and the family table of the README;
+invalid directories beside valid ones, each error naming the file.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import REPO
+from difflet.cli import main
+from difflet.errors import DiffletError
+from difflet.frontend.discover import description_for
+from oracle_util import planned_tiny, random_checkpoint
+
+# tiny checkpoint -> (the pipeline class diffusers saved, the real-size description serving it)
+CASES = {"flux-tiny": ("FluxPipeline", "flux"), "qwen-image-tiny": ("QwenImagePipeline", "qwen-image"),
+         "wan2.1-tiny": ("WanPipeline", "wan2.1"), "hunyuan-video-tiny": ("HunyuanVideoPipeline", "hunyuan-video"),
+         "ltx2-tiny": ("LTX2Pipeline", "ltx2")}
+
+
+@pytest.mark.parametrize("tiny", sorted(CASES))
+def test_each_family_is_found_from_its_checkpoint(tiny):
+    ckpt = random_checkpoint(planned_tiny(REPO / "models" / f"{tiny}.dsl"))
+    pipeline, description = CASES[tiny]
+    assert json.loads((ckpt / "model_index.json").read_text())["_class_name"] == pipeline
+    assert description_for(str(ckpt)).name == f"{description}.dsl"
+
+
+def test_a_flux_transformer_without_guidance_embedding_gets_the_schnell_description():
+    """flux-shapes (guidance_embeds false, as FLUX.1-schnell) -> flux-schnell.dsl (guidance mode none)."""
+    shapes = REPO / "difflet" / "assets" / "flux-shapes"
+    assert json.loads((shapes / "transformer" / "config.json").read_text())["guidance_embeds"] is False
+    assert description_for(str(shapes)).name == "flux-schnell.dsl"
+
+
+def test_unsupported_missing_and_random_checkpoints_are_named(tmp_path):
+    (tmp_path / "sd").mkdir()
+    (tmp_path / "sd" / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline"}))
+    with pytest.raises(DiffletError) as err:
+        description_for(str(tmp_path / "sd"))
+    assert err.value.where == str(tmp_path / "sd" / "model_index.json")
+    assert err.value.message == ("_class_name 'StableDiffusionPipeline' is not a pipeline Difflet serves "
+                                 "(supported: FluxPipeline, QwenImagePipeline, WanPipeline, "
+                                 "HunyuanVideoPipeline, LTX2Pipeline)")
+    with pytest.raises(DiffletError, match="no model_index.json") as err:
+        description_for(str(tmp_path))
+    assert err.value.where == str(tmp_path / "model_index.json")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "model_index.json").write_text("{not json")
+    with pytest.raises(DiffletError, match="cannot read the pipeline class"):
+        description_for(str(tmp_path / "bad"))
+    with pytest.raises(DiffletError, match="random:0 has no model_index.json") as err:
+        description_for("random:0", where="--weights")
+    assert err.value.where == "--weights"
+
+
+def test_a_flux_checkpoint_without_its_transformer_config_is_named(tmp_path):
+    ckpt = tmp_path / "flux"
+    shutil.copytree(REPO / "difflet" / "assets" / "flux-shapes", ckpt)
+    (ckpt / "transformer" / "config.json").unlink()
+    with pytest.raises(DiffletError, match="cannot choose the flux description") as err:
+        description_for(str(ckpt))
+    assert err.value.where == str(ckpt)
+
+
+def test_lower_without_a_description_reads_the_checkpoint():
+    shapes = str(REPO / "difflet" / "assets" / "flux-shapes")
+    r = CliRunner().invoke(main, ["lower", "--weights", shapes, "--profile", "height=32,width=32,max_text=16"])
+    assert r.exit_code == 0, r.output
+    assert r.output.startswith("module @flux_schnell level=pipeline {") and 'family = "flux"' in r.output
+    r = CliRunner().invoke(main, ["lower"])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert "give a model description (DSL), or --weights DIR" in r.output
+    r = CliRunner().invoke(main, ["lower", "--weights", "random:1"])
+    assert r.exit_code == 2 and "random:1 has no model_index.json" in r.output and "Traceback" not in r.output
