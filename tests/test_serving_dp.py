@@ -2,18 +2,24 @@
 one `difflet-runtime` as two model replicas of two ranks each, chosen by the artifact.
 
 Oracle: the same artifact served with `--replicas 1`. Both serves run the same compiled rank
-programs with the same torch thread count (`--threads 1`), so replies must be byte-identical.
+programs with the same torch thread count (`--threads 1`), so replies must be byte-identical; and
+FluxPipeline on the same checkpoint (pipeline_oracle.py), under oracle_util's closeness rule.
 """
 from __future__ import annotations
 
+import io
 import os
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from difflet.runtime import client
 from difflet.runtime.demo import start_server, stop_server
+from oracle_util import assert_images_close
+from pipeline_oracle import pipeline_output
 
 pytestmark = pytest.mark.slow
 
@@ -87,3 +93,7 @@ def test_dp2xtp2_serves_two_replicas_each_reply_identical_to_one_replica(art):
     assert len(profile_one.serving.processes) == 1
     for a, b, seed in zip(one, two, SEEDS):
         assert a == b, f"seed {seed}: the 2-replica reply differs from the 1-replica reply"
+    for png, seed in zip(two, SEEDS):
+        got = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+        assert_images_close(got, pipeline_output("flux-tiny4", "a red cube on a checkered floor", seed, steps=3),
+                            f"dp2xtp2 seed {seed} vs FluxPipeline")
