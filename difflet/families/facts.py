@@ -13,6 +13,10 @@ Invariants:
   have a `SplitDecl` / `ProbeDecl` in the family's programs.py (tests/test_passes_built.py).
 - The guidance mode is the one a step of the module declares (`guidance: {mode: ...}`), else
   `default_guidance`; host steps read it through `guidance_spec`, the one parser.
+- `derived_config` adds, at lower time, keys a description's expressions may read
+  (`vae.cache0_channels`) that no config.json states but the class's structure fixes; they never
+  enter the IR (its `config` attr stays what the checkpoint or the description says) and never
+  shadow a key the config has (other than as null).
 """
 from __future__ import annotations
 
@@ -49,6 +53,8 @@ class FamilyFacts:
     # checkpoint directory -> the bundled description (models/NAME.dsl) that serves it, when
     # no model is named (the family is found from model_index.json: difflet/frontend/discover.py)
     description: Callable[[Any], str] = lambda ckpt: ""
+    # class -> (its resolved config -> derived keys), read by the frontend's expressions only
+    derived_config: Mapping[str, Callable[[Mapping[str, Any]], Mapping[str, Any]]] = field(default_factory=dict)
 
 
 def steps(module):

@@ -7,7 +7,8 @@ Invariants:
 - Every shape is fully static for the profile; only declared runtime values stay symbolic.
 - With `weights` (a checkpoint directory), `config from checkpoint` components take the
   checkpoint's config.json and stated configs are checked against it; without, they take their
-  `default { ... }` (or have no config attr). Expressions see the resolved configs.
+  `default { ... }` (or have no config attr). Expressions see the resolved configs, plus the
+  keys the family derives from them (FamilyFacts.derived_config), which stay out of the IR.
 - The result passes `difflet.ir.verify.verify`.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ from difflet.frontend.checkpoint_config import CheckpointConfigs, resolve_checkp
 from difflet.frontend.classes import ClassError, config_keys, count_params, resolve_class
 from difflet.frontend.parse import parse_text
 from difflet.frontend.profile import apply_overrides
-from difflet.frontend.shapes import Evaluator, Source, resolve_dtype
+from difflet.frontend.shapes import Evaluator, Source, resolve_dtype, with_derived
 from difflet.ir.nodes import Attrs, Module, Node, Op, RuntimeType, TensorType, Value
 
 ROLES = ("encoder", "denoiser", "decoder")
@@ -97,7 +98,10 @@ class _Lowering:
         self.src, self.model, self.ckpt = src, model, ckpt
         self.profile = apply_overrides(src, model, overrides)
         self.configs = {c.name: self.config(c) for c in model.components}
-        self.ev = Evaluator(src, self.profile, self.configs)
+        from difflet.families import facts
+
+        derive = facts(model.family).derived_config  # expressions also read the derived keys
+        self.ev = Evaluator(src, self.profile, with_derived(self.configs, model.components, derive))
         self.runtimes: dict[str, RuntimeType] = {}
 
     def config(self, c: ast.ComponentDecl) -> Attrs | None:

@@ -3,17 +3,18 @@
 Invariants:
 - Integer `/` must divide exactly (a shape that silently truncates is a bug); `//` floors.
 - A name in an expression must be a profile parameter; anything else is an undefined name.
-- `comp.key` reads component comp's config; configs themselves may not refer to configs (an
-  Evaluator built without `configs`), so there is no evaluation order to get wrong.
+- `comp.key` reads component comp's config (and keys its family derives from it: `with_derived`);
+  configs themselves may not refer to configs (an Evaluator built without `configs`), so there
+  is no evaluation order to get wrong.
 - Every error points at the offending expression (`file:line:col` + its source text).
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from difflet.errors import DiffletError
 from difflet.frontend import ast
-from difflet.ir.nodes import Attrs, Loc
+from difflet.ir.nodes import Attrs, Loc, freeze
 from difflet.ir.verify import DTYPES
 
 
@@ -151,6 +152,22 @@ class Evaluator:
             if d <= 0:
                 raise self.src.error(f"shape dimension evaluates to {d}; it must be positive", e.span)
         return dims
+
+
+def with_derived(configs: Mapping[str, Attrs | None], components: Sequence[ast.ComponentDecl],
+                 derive: Mapping[str, Callable[[dict], Mapping[str, Any]]]) -> dict[str, Attrs | None]:
+    """The configs expressions read: each component's config, then the keys its family derives
+    from it (`derive`: FamilyFacts.derived_config, class -> config -> keys, e.g. a VAE's cache
+    channel counts), which never shadow a key the config holds (a null one counts as absent)."""
+    out = dict(configs)
+    for c in components:
+        config = out[c.name]
+        if config is not None and c.qualname in derive:
+            extra = derive[c.qualname](config.to_python())
+            own = [(k, v) for k, v in config.items() if v is not None or k not in extra]
+            added = [(k, freeze(v)) for k, v in extra.items() if config.get(k) is None]
+            out[c.name] = Attrs([*own, *added])
+    return out
 
 
 def _plain(value: Any) -> Any:

@@ -1,12 +1,18 @@
-# Wan-AI/Wan2.1-T2V-14B-Diffusers at real size (WanPipeline), 81 frames at 480x832.
-# VAE: 8x spatial, 4x temporal, 16 latent channels -> latents [1, 16, 21, 60, 104];
-# patch (1, 2, 2) -> 21 x 30 x 52 = 32,760 visual tokens. Text: UMT5, cut to the prompt and
-# zero-padded to 512, attended unmasked by cross-attention only (no text stream).
-# Host steps: difflet/runtime/host/wan.py; program hooks: difflet/codegen/family/wan*.py. The
-# encoder masks from its valid_text input (the prompt's token count) and zeroes rows past it.
-# The VAE decodes one latent frame per call with its causal caches as explicit tensors (frame
-# 0 -> 1 video frame, every later one -> 4; see models/wan2.1-tiny.dsl), so the decoder program
-# does not depend on the clip length.
+# Wan-AI/Wan2.1-T2V-14B-Diffusers at real size (WanPipeline), 81 frames at 480x832. Every config
+# comes from the checkpoint (`difflet lower --weights DIR`), so this serves any Wan 2.1 T2V
+# checkpoint of these classes (the 1.3B, a fine-tune of other dimensions); without weights it
+# lowers with the 14B's configs, the `default` blocks. Shapes follow the configs: the VAE is
+# 2 ** (len(dim_mult) - 1) x spatial and vae.scale_factor_temporal x temporal (the config's, else
+# 2 ** its temporal upsamples), with z_dim latent channels; the 14B: 8x, 4x, 16 -> latents
+# [1, 16, 21, 60, 104]; patch (1, 2, 2) -> 21 x 30 x 52 = 32,760 visual tokens. Text: UMT5
+# (d_model 4096), cut to the prompt and zero-padded to 512, attended unmasked by cross-attention
+# only (no text stream).
+# Host steps and program hooks: difflet/families/wan/. The encoder masks from its valid_text
+# input (the prompt's token count) and zeroes rows past it. The VAE decodes one latent frame per
+# call with its causal caches as explicit tensors (frame 0 -> 1 video frame, every later one ->
+# scale_factor_temporal; see models/wan2.1-tiny.dsl), so the decoder program does not depend on
+# the clip length. `vae.cache<k>_channels` are not config keys: the wan family derives them from
+# the config (difflet/families/wan/facts.py, vae_derived; the 14B: 4240, 2496, 1152, 672).
 
 model wan21_t2v_14b family wan
 
@@ -29,7 +35,7 @@ runtime step: int64 in [0, steps - 1] default 0 doc "index of the current denois
 
 # google/umt5-xxl, encoder only
 encoder text_encoder = transformers.UMT5EncoderModel from "text_encoder" {
-    config {
+    config from checkpoint default {
         vocab_size: 256384, d_model: 4096, d_ff: 10240, d_kv: 64, num_layers: 24, num_heads: 64
         relative_attention_num_buckets: 32, relative_attention_max_distance: 128
         feed_forward_proj: "gated-gelu", layer_norm_epsilon: 0.000001, dropout_rate: 0.1
@@ -39,50 +45,71 @@ encoder text_encoder = transformers.UMT5EncoderModel from "text_encoder" {
     tokenizer transformers.PreTrainedTokenizerFast from "tokenizer" max_length max_text
     input  input_ids: int64[1, max_text]
     input  valid_text: runtime valid_text   # the mask is built in the program
-    output prompt_embeds: dtype[1, max_text, 4096] select "last_hidden_state"
+    output prompt_embeds: dtype[1, max_text, text_encoder.d_model] select "last_hidden_state"
 }
 
-# 40 blocks: self-attention over visual tokens, cross-attention to text, FFN 13824. The sites
-# describe the attention to the planner; with no text mask they keep diffusers' processors, and
-# nothing crosses per request (the text is zero-padded, attended unmasked).
+# 40 blocks of 40 heads x 128: self-attention over visual tokens, cross-attention to text, FFN
+# 13824. The sites describe the attention to the planner; with no text mask they keep diffusers'
+# processors, and nothing crosses per request (the text is zero-padded, attended unmasked).
 denoiser transformer = diffusers.WanTransformer3DModel from "transformer" {
-    config {
+    config from checkpoint default {
         patch_size: [1, 2, 2], num_attention_heads: 40, attention_head_dim: 128
         in_channels: 16, out_channels: 16, text_dim: 4096, freq_dim: 256, ffn_dim: 13824
         num_layers: 40, cross_attn_norm: true, qk_norm: "rms_norm_across_heads", eps: 0.000001
+        image_dim: null, added_kv_proj_dim: null, rope_max_seq_len: 1024
     }
     dtype dtype
-    input hidden_states:         dtype[1, 16, (frames - 1) / 4 + 1, height / 8, width / 8]
+    # latent frames (frames - 1) / temporal scale + 1, pixels / spatial scale per side
+    input hidden_states: dtype[1, transformer.in_channels, (frames - 1) / vae.scale_factor_temporal + 1,
+                               height / 2 ** (len(vae.dim_mult) - 1), width / 2 ** (len(vae.dim_mult) - 1)]
     input timestep:              dtype[1]
-    input encoder_hidden_states: dtype[1, max_text, 4096]
-    output sample: dtype[1, 16, (frames - 1) / 4 + 1, height / 8, width / 8] select 0
+    input encoder_hidden_states: dtype[1, max_text, text_encoder.d_model]
+    output sample: dtype[1, transformer.out_channels, (frames - 1) / vae.scale_factor_temporal + 1,
+                         height / 2 ** (len(vae.dim_mult) - 1), width / 2 ** (len(vae.dim_mult) - 1)] select 0
 
-    attention "blocks.*.attn1": self heads 40 head_dim 128 order (visual) text_mask false
-    attention "blocks.*.attn2": cross heads 40 head_dim 128 order (visual, text) text_mask false
+    attention "blocks.*.attn1": self
+        heads transformer.num_attention_heads head_dim transformer.attention_head_dim
+        order (visual) text_mask false
+    attention "blocks.*.attn2": cross
+        heads transformer.num_attention_heads head_dim transformer.attention_head_dim
+        order (visual, text) text_mask false
 }
 
 # One latent frame per call; `first` = 1 for latent frame 0 (diffusers' first chunk: one video
-# frame, sample[:, :, 0], the rest zeros; caches in not read), else 4 video frames. cache<k>: the
-# causal caches at spatial level k (latent, 2x, 4x, 8x), two frames each, channels summed over
-# that level's convs in decoder order (the wrapper checks them against the model).
+# frame, sample[:, :, 0], the rest zeros; caches in not read), else scale_factor_temporal video
+# frames. cache<k>: the causal caches at spatial level k (latent, 2x, 4x, 8x), two frames each,
+# channels summed over that level's convs in decoder order (the wrapper checks them against the
+# model).
 decoder vae = diffusers.AutoencoderKLWan from "vae" {
-    config {
-        base_dim: 96, z_dim: 16, dim_mult: [1, 2, 4, 4], num_res_blocks: 2
-        temperal_downsample: [false, true, true]
+    config from checkpoint default {
+        base_dim: 96, z_dim: 16, dim_mult: [1, 2, 4, 4], num_res_blocks: 2, attn_scales: []
+        temperal_downsample: [false, true, true], dropout: 0.0
+        latents_mean: [-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
+                       0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921]
+        latents_std: [2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
+                      3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.916]
     }
-    entry decode   # wrapped: difflet/codegen/family/wan_vae.py
+    entry decode   # wrapped: difflet/families/wan/vae.py
     dtype float32
-    input  z: float32[1, 16, 1, height / 8, width / 8]
+    input  z: float32[1, vae.z_dim, 1, height / 2 ** (len(vae.dim_mult) - 1), width / 2 ** (len(vae.dim_mult) - 1)]
     input  first: runtime first
-    input  cache0: float32[1, 4240, 2, height / 8, width / 8]
-    input  cache1: float32[1, 2496, 2, height / 4, width / 4]
-    input  cache2: float32[1, 1152, 2, height / 2, width / 2]
-    input  cache3: float32[1, 672, 2, height, width]
-    output sample: float32[1, 3, 4, height, width] select 0
-    output next_cache0: float32[1, 4240, 2, height / 8, width / 8] select 1
-    output next_cache1: float32[1, 2496, 2, height / 4, width / 4] select 2
-    output next_cache2: float32[1, 1152, 2, height / 2, width / 2] select 3
-    output next_cache3: float32[1, 672, 2, height, width] select 4
+    input  cache0: float32[1, vae.cache0_channels, 2, height / 2 ** (len(vae.dim_mult) - 1),
+                           width / 2 ** (len(vae.dim_mult) - 1)]
+    input  cache1: float32[1, vae.cache1_channels, 2, height / 2 ** (len(vae.dim_mult) - 2),
+                           width / 2 ** (len(vae.dim_mult) - 2)]
+    input  cache2: float32[1, vae.cache2_channels, 2, height / 2 ** (len(vae.dim_mult) - 3),
+                           width / 2 ** (len(vae.dim_mult) - 3)]
+    input  cache3: float32[1, vae.cache3_channels, 2, height / 2 ** (len(vae.dim_mult) - 4),
+                           width / 2 ** (len(vae.dim_mult) - 4)]
+    output sample: float32[1, 3, vae.scale_factor_temporal, height, width] select 0
+    output next_cache0: float32[1, vae.cache0_channels, 2, height / 2 ** (len(vae.dim_mult) - 1),
+                                width / 2 ** (len(vae.dim_mult) - 1)] select 1
+    output next_cache1: float32[1, vae.cache1_channels, 2, height / 2 ** (len(vae.dim_mult) - 2),
+                                width / 2 ** (len(vae.dim_mult) - 2)] select 2
+    output next_cache2: float32[1, vae.cache2_channels, 2, height / 2 ** (len(vae.dim_mult) - 3),
+                                width / 2 ** (len(vae.dim_mult) - 3)] select 3
+    output next_cache3: float32[1, vae.cache3_channels, 2, height / 2 ** (len(vae.dim_mult) - 4),
+                                width / 2 ** (len(vae.dim_mult) - 4)] select 4
 }
 
 schedule {

@@ -1,4 +1,5 @@
-"""Wan 2.1's facts: WanPipeline's prompt_clean, cfg guidance, 16 fps."""
+"""Wan 2.1's facts: WanPipeline's prompt_clean, cfg guidance, 16 fps, and the keys a description's
+shapes read that AutoencoderKLWan's config does not state (`vae_derived`)."""
 from __future__ import annotations
 
 import html
@@ -26,6 +27,43 @@ def prompt_clean(text: str) -> str:
     return regex.sub(r"\s+", " ", text).strip()
 
 
+VAE = "diffusers.AutoencoderKLWan"
+# AutoencoderKLWan.__init__'s defaults for the keys its decoder's structure depends on
+VAE_DEFAULTS = {"base_dim": 96, "decoder_base_dim": None, "z_dim": 16, "dim_mult": [1, 2, 4, 4],
+                "num_res_blocks": 2, "temperal_downsample": [False, True, True], "is_residual": False}
+
+
+def vae_derived(config: dict) -> dict[str, int]:
+    """AutoencoderKLWan's decoder structure as numbers (torch-free; wan/vae.py checks the chunk
+    program's declared caches against the model itself):
+    - `scale_factor_temporal`: 2 ** (temporal upsamples), what WanPipeline reads from a config
+      that states it (older config.json files do not; a stated one is never replaced);
+    - `cache<k>_channels`: the causal caches at spatial level k (0: latent), summed over the
+      inputs of that level's cached convs in decode order: conv_in (z_dim) and the mid block's 2
+      resnets at level 0, up block k's resnets (conv1 and conv2 each) and its temporal upsampler's
+      time_conv, conv_out at the last level.
+    The Wan 2.2 residual VAE (is_residual) has another structure: no keys for it."""
+    cfg = {**VAE_DEFAULTS, **config}
+    if cfg["is_residual"]:
+        return {}
+    dim = cfg["decoder_base_dim"] or cfg["base_dim"]
+    mult, blocks = list(cfg["dim_mult"]), int(cfg["num_res_blocks"]) + 1
+    upsample_t = list(cfg["temperal_downsample"])[::-1]
+    dims = [dim * m for m in [mult[-1], *mult[::-1]]]  # WanDecoder3d's dims
+    derived = {"scale_factor_temporal": 2 ** sum(bool(upsample_t[i]) for i in range(len(mult) - 1))}
+    for i, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:])):
+        in_dim = in_dim // 2 if i > 0 else in_dim  # Wan 2.1: the previous upsampler halved it
+        channels = in_dim + (2 * blocks - 1) * out_dim
+        if i == 0:
+            channels += cfg["z_dim"] + 4 * dims[0]  # conv_in, the mid block's two resnets
+        if i != len(mult) - 1 and upsample_t[i]:
+            channels += out_dim  # upsample3d's time_conv
+        if i == len(mult) - 1:
+            channels += out_dim  # conv_out
+        derived[f"cache{i}_channels"] = channels
+    return derived
+
+
 FACTS = FamilyFacts(
     description=lambda ckpt: "wan2.1",
     prompt_text=lambda prompt, templated: prompt_clean(prompt), default_guidance="cfg", fps=lambda module: FPS,
@@ -40,4 +78,5 @@ FACTS = FamilyFacts(
     # not spmd_built: its tp layout all-reduces the q/k RMSNorm statistics across heads, a
     # collective outside NxD's parallel linears (codegen/neuron_spmd.py)
     split_built=(DENOISER,), probe_built=(DENOISER,),
+    derived_config={VAE: vae_derived},
 )

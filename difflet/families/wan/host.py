@@ -2,7 +2,8 @@
 
 Invariants:
 - Shapes come from the IR (program input/output types), never from a diffusers config: latent
-  shape = the transformer's hidden_states input; cache shapes = the decoder's cache inputs.
+  shape = the transformer's hidden_states input; cache shapes = the decoder's cache inputs; the
+  VAE's temporal scale = the chunk decoder's `sample` frames.
 - Prompts are cleaned as WanPipeline's prompt_clean does (ftfy when installed, html unescape
   twice, whitespace collapsed), tokenized padded to max_length with truncation; the encoder
   program gets the padded ids and the token count (`valid_text`) and returns the embeddings
@@ -81,16 +82,26 @@ def prepare_latents(env: HostEnv, step: Node, state: RequestState) -> None:
     from diffusers.utils.torch_utils import randn_tensor
 
     frames = int(env.profile["frames"]) if "frames" in env.profile else None
-    if frames is None or frames < 1 or (frames - 1) % 4:
-        raise DiffletError(f"frames: the profile's frame count must be 4k + 1 (Wan's VAE compresses "
-                           f"time 4x after the first frame), got {frames}", where="frames")
+    scale = _temporal_scale(env)
+    if frames is None or frames < 1 or (frames - 1) % scale:
+        raise DiffletError(f"frames: the profile's frame count must be {scale}k + 1 (Wan's VAE compresses "
+                           f"time {scale}x after the first frame), got {frames}", where="frames")
     shape = tuple(_input_type(_transformer(env), "hidden_states").shape)
-    if shape[2] != (frames - 1) // 4 + 1:
-        raise DiffletError(f"frames: {frames} frames need {(frames - 1) // 4 + 1} latent frames, the "
+    if shape[2] != (frames - 1) // scale + 1:
+        raise DiffletError(f"frames: {frames} frames need {(frames - 1) // scale + 1} latent frames, the "
                            f"transformer's hidden_states has {shape[2]}", where="frames")
     generator = torch.Generator("cpu").manual_seed(state.params.seed)
     state.values["latents"] = randn_tensor(shape, generator=generator, device=torch.device("cpu"),
                                            dtype=torch.float32)
+
+
+def _temporal_scale(env: HostEnv) -> int:
+    """Video frames per later latent frame: the chunk decoder's `sample` frames (4 without one)."""
+    for vae in env.module.components("decoder"):
+        for out in vae.find(Op.OUTPUT, "sample"):
+            if [o.name for o in vae.find(Op.OUTPUT)][1:2] == ["next_cache0"]:
+                return int(out.results[0].type.shape[2])
+    return 4
 
 
 def predict_noise(env: HostEnv, name: str, state: RequestState, latents: torch.Tensor,

@@ -5,13 +5,14 @@ feature cache of the previous frames (`feat_cache`: the last <= 2 input frames p
 string "Rep" for a temporal upsampler that has seen only the first chunk). Here that cache is
 explicit tensors, so the host loops over latent frames and the program has a static shape:
 
-    (z [1, C, 1, h, w], first (runtime 0/1), cache0..) -> (sample [1, 3, 4, H, W], next_cache0..)
+    (z [1, C, 1, h, w], first (runtime 0/1), cache0..) -> (sample [1, 3, T, H, W], next_cache0..)
 
 `first` = 1 for latent frame 0: diffusers' first chunk (no cache, first_chunk=True), whose one
-video frame is sample[:, :, 0] (frames 1-3 are zeros) and whose cache inputs are not read;
-otherwise a later chunk (4 video frames). Both paths live in one program (torch.cond), so the
-decoder's weights are loaded once; on a target without control flow (trn2) codegen builds one
-program per value instead (codegen/branches.py: `first` fixed, left out of the signature).
+video frame is sample[:, :, 0] (the others are zeros) and whose cache inputs are not read;
+otherwise a later chunk (T video frames: the VAE's temporal scale, 4 in Wan 2.1). Both paths
+live in one program (torch.cond), so the decoder's weights are loaded once; on a target without
+control flow (trn2) codegen builds one program per value instead (codegen/branches.py: `first`
+fixed, left out of the signature).
 
 Invariants:
 - Every cache slot is two frames. Where diffusers holds fewer (one frame after the first chunk,
@@ -79,6 +80,7 @@ class WanChunkDecoder(torch.nn.Module):
                 raise DiffletError(f"decoder {node.name!r}: its second input must be `first`, a runtime "
                                    f"value in [0, 1] (1 for latent frame 0)", where=(flag or node).loc)
             inputs = [inputs[0], *inputs[2:]]
+        self.chunk_frames = node.find(Op.OUTPUT)[0].results[0].type.shape[2]  # a later chunk's frames
         self.slots = cache_layout(vae, z_shape)
         levels: list[tuple[int, int]] = []
         for _, h, w in self.slots:
@@ -115,7 +117,7 @@ class WanChunkDecoder(torch.nn.Module):
         frames, caches = _run_decoder(self.vae, z, None)
         caches = [torch.zeros(1, c, 2, h, w, dtype=z.dtype, device=z.device) if isinstance(x, str)
                   else _pad_two(x) for x, (c, h, w) in zip(caches, self.slots)]
-        pad = torch.zeros_like(frames).expand(-1, -1, 3, -1, -1)  # the chunk's static 4 frames
+        pad = torch.zeros_like(frames).expand(-1, -1, self.chunk_frames - 1, -1, -1)  # static frame count
         return self._join(torch.cat([frames, pad], dim=2), caches)
 
     def _later(self, z: torch.Tensor, *levels: torch.Tensor) -> tuple[torch.Tensor, ...]:
