@@ -161,7 +161,9 @@ def test_left_padding_tokenizer_is_refused(runner):
 
 def test_true_cfg_schedule_matches_the_pipelines_true_cfg(module, ckpt, pipe, tmp_path):
     """Mode true_cfg (optional): cond + uncond batch-1 calls per step, embedded scale from the
-    step attrs; checked on eager programs, since the programs are the embedded schedule's."""
+    step attrs; checked on eager programs, since the programs are the embedded schedule's. Measured
+    identical to the pipeline; another negative prompt, true_cfg_scale + 1.5 and seed + 1 measured
+    40.0, 45.8 and 13.9 dB (max |diff| >= 6): all fail the closeness rule."""
     from difflet.codegen.artifacts import eager_programs
     from difflet.runtime.runner import ModelRunner
 
