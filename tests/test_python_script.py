@@ -37,3 +37,19 @@ def test_a_plain_script_without_a_main_guard_compiles_on_an_empty_store(tmp_path
     assert "compiled 4, reused 0" in r.stdout, r.stdout  # all four through the pool
     ours = np.asarray(Image.open(tmp_path / "out.png").convert("RGB"))
     assert_images_close(ours, _reference(fine_tune, guidance_scale=2.5, **CALL), "plain script vs FluxPipeline")
+
+
+def test_a_plain_script_starting_rank_processes_runs_once(tmp_path):
+    """Split programs start gloo ranks from a forkserver, which hands each child `__main__` to
+    import: a plain script ran again in every rank, which started ranks of its own and never
+    reported. The script starts two ranks of a Difflet-importable function (run_ranks:
+    operator.mul(rank, world) on each; parallel/workers.py starts its ranks under the same
+    main_not_inherited) and must print its line once."""
+    script = tmp_path / "ranks.py"
+    script.write_text(
+        "import operator\n"
+        "from difflet.parallel.launch import run_ranks\n"
+        "print('result', run_ranks(operator.mul, 2, timeout=60))\n")
+    r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines() == ["result [0, 2]"], r.stdout  # once, with rank * world from each rank

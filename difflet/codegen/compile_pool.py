@@ -18,15 +18,14 @@ Invariants:
 from __future__ import annotations
 
 import os
-import sys
 import time
-from contextlib import contextmanager
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Iterator
 
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Module, Node
+from difflet.parallel.main_module import main_not_inherited
 from difflet.passes.backend_facts import backend_facts
 
 WORKERS_ENV = "DIFFLET_COMPILE_WORKERS"
@@ -94,23 +93,6 @@ def _compile_one(module: Module, name: str, ckpt: str, store_root: str, backend:
         return False, f"{type(err).__name__}: {err}"
 
 
-@contextmanager
-def _main_not_inherited():
-    """While workers start: multiprocessing's spawn hands a child the path (`__file__`) or module
-    name (`__spec__`) of `__main__` to run again as `__mp_main__` (multiprocessing/spawn.py
-    get_preparation_data); with neither it imports nothing of the caller's script."""
-    main = sys.modules.get("__main__")
-    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
-    if main is not None:
-        main.__dict__.pop("__file__", None)
-        main.__spec__ = None  # spawn reads main.__spec__ unguarded: None, not deleted
-    try:
-        yield
-    finally:
-        if main is not None:
-            main.__dict__.update(saved)
-
-
 class CompilePool:
     """`with CompilePool(...) as pool`: `node in pool` if a worker compiles it; `pool.results()`
     yields (node, manifest entry, created, seconds) as each finishes."""
@@ -134,7 +116,7 @@ class CompilePool:
             self._executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
                                                  initializer=_init_worker)
             module, ckpt, store_root, backend, out, verbose = self._args
-            with _main_not_inherited():  # spawn starts the workers inside submit (concurrent/futures/process.py)
+            with main_not_inherited():  # spawn starts the workers inside submit (concurrent/futures/process.py)
                 for node in self.nodes:
                     fut = self._executor.submit(_compile_one, module, node.name, ckpt, store_root, backend, out,
                                                 verbose)

@@ -24,6 +24,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from difflet.parallel.main_module import main_not_inherited
+
 # torch's own pytree deprecation, raised while rank processes unpickle their arguments (torch
 # 2.13; not actionable by callers): silenced in every rank process, which imports this module
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
@@ -71,8 +73,9 @@ def run_ranks(fn, world: int, *args, timeout: float = 120.0, threads: int = 1) -
     init_method, directory = rendezvous()
     procs = [ctx.Process(target=_child, args=(r, world, init_method, fn, args, queue, threads), daemon=True)
              for r in range(world)]
-    for p in procs:
-        p.start()
+    with main_not_inherited():  # forkserver hands each child __main__ to import (main_module.py)
+        for p in procs:
+            p.start()
     results: dict[int, object] = {}
     errors: list[str] = []
     try:

@@ -40,6 +40,7 @@ from datetime import timedelta
 import torch
 
 from difflet.parallel.launch import RankError, rendezvous
+from difflet.parallel.main_module import main_not_inherited
 
 
 def _dumps(obj) -> bytes:
@@ -118,8 +119,9 @@ class SplitProgram:
                                    args=(r, self.world, init_method, dict(degrees), loader, tuple(per_rank_args[r]),
                                          self._inboxes[r], self._outbox, threads, timeout))
                        for r in range(self.world)]
-        for p in self._procs:
-            p.start()
+        with main_not_inherited():  # forkserver hands each child __main__ to import (main_module.py)
+            for p in self._procs:
+                p.start()
         self._program = Program(node, self._dispatch)
         self.node, self.name = node, node.name
         self.inputs, self.outputs = self._program.inputs, self._program.outputs
