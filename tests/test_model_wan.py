@@ -151,6 +151,7 @@ def branch_art(module, ckpt, tmp_path_factory):
         return compile_art(module, ckpt, tmp_path_factory.mktemp("wan-tiny-branch-art"))
 
 
+@pytest.mark.slow  # compiles the decoder's two branch programs
 def test_branch_programs_are_served_and_equal_the_pipeline(module, branch_art, pipe):
     from difflet.codegen.artifacts import load_artifacts
     from difflet.codegen.manifest import read_manifest

@@ -28,6 +28,8 @@ from difflet.runtime import client
 from difflet.runtime.demo import launch_server, read_line, stop_server
 from serving_util import WAIT_S, HealthWatch, Stream, scrape, wait_exit
 
+pytestmark = pytest.mark.slow  # compiles a 128x128 profile and serves it (about 2 CPU-minutes): full suite only
+
 PROMPT, SEED = "a lighthouse at dusk", 11
 SLOW = 1000  # the most steps a request may ask: many seconds at 1024 tokens on any CPU
 

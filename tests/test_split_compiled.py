@@ -16,6 +16,8 @@ from difflet.ir.nodes import Module, Op
 
 from flux_oracle import program_and_diffusers_inputs
 
+pytestmark = pytest.mark.slow  # compiles split rank programs (about 2 CPU-minutes): full suite only
+
 FLUX_TINY4 = Path(__file__).resolve().parent.parent / "models" / "flux-tiny4.dsl"
 T = 32
 PROBE_WAIT_S = 90.0  # generous on a loaded machine, and below the 120 s store timeout ranks 1-3 wait with
