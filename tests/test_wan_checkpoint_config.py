@@ -110,17 +110,17 @@ def test_wan_description_serves_a_checkpoint_of_other_dimensions(pipe, fine_tune
     assert _shape(module.component("text_encoder"), "prompt_embeds") == [1, 16, 24]
     assert [_shape(vae, f"cache{k}")[1] for k in range(4)] == CACHE_CHANNELS  # the build checked them too
     assert "cache0_channels" not in vae.attrs["config"]  # derived keys stay out of the IR
-    _served_vs_reference(pipe, fine_tune)
-
-
-def _served_vs_reference(pipe, ckpt: Path) -> None:
     out = pipe(output_type="np", **CALL)
-    ours = (out.frames[0] * 255).round().astype(np.uint8)
+    _assert_frames_are_the_pipelines((out.frames[0] * 255).round().astype(np.uint8), fine_tune, "DiffletPipeline")
+
+
+def _assert_frames_are_the_pipelines(ours: np.ndarray, ckpt: Path, what: str) -> None:
+    """CALL's video from WanPipeline on `ckpt`, every frame under the closeness rule."""
     assert ours.shape == (9, 32, 32, 3) and ours.std() > 0
     call = {k: v for k, v in CALL.items() if k not in ("prompt", "seed")}
     ref = _reference(ckpt, CALL["prompt"], CALL["seed"], **call)
     for i, (got, want) in enumerate(zip(ours, ref, strict=True)):
-        assert_images_close(got, want, f"frame {i}: DiffletPipeline vs WanPipeline")
+        assert_images_close(got, want, f"frame {i}: {what} vs WanPipeline")
 
 
 def test_a_vae_of_another_temporal_scale(tmp_path):
@@ -142,12 +142,7 @@ def test_a_vae_of_another_temporal_scale(tmp_path):
     runner = ModelRunner(module, eager_programs(module, ckpt), ckpt)
     params = runner.resolve(prompt=CALL["prompt"], seed=CALL["seed"], steps=CALL["num_inference_steps"],
                             guidance=CALL["guidance_scale"])
-    ours = runner.generate(params).video
-    assert ours.shape == (9, 32, 32, 3) and ours.std() > 0
-    call = {k: v for k, v in CALL.items() if k not in ("prompt", "seed")}
-    ref = _reference(ckpt, CALL["prompt"], CALL["seed"], **call)
-    for i, (got, want) in enumerate(zip(ours, ref, strict=True)):
-        assert_images_close(got, want, f"frame {i}: eager programs vs WanPipeline")
+    _assert_frames_are_the_pipelines(runner.generate(params).video, ckpt, "eager programs")
 
 
 def test_derived_cache_channels_are_the_models(fine_tune):

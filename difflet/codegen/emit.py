@@ -98,7 +98,7 @@ def _bucket_files(node: Node, pm, weights: dict, out: Path, prog_rel: str) -> Ra
     from safetensors.torch import save_file
 
     # the checkpoint's tensors: parameters and persistent buffers (a non-persistent buffer may be
-    # a size-dependent table a family installs, e.g. Qwen's static RoPE grid: per size, not shared)
+    # a size-dependent table a family's wrapper installs, e.g. a static RoPE grid: per size, not shared)
     known = set(pm.state_dict(keep_vars=True))
     shared_rel = program_paths(base_name(node))[1]
     constants_rel = program_paths(node.name)[1].replace(".safetensors", ".constants.safetensors")

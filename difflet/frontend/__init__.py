@@ -27,7 +27,7 @@ The DSL in one screen (see models/flux.dsl for a full example):
 
 Values: numbers, "strings", true/false/null, [lists], { maps }, `pkg.Class { config }`
 (-> {class, config}), and integer expressions over profile parameters and component configs
-(`vae.latent_channels`, `len(vae.block_out_channels)`; also keys the family derives from a
-config, FamilyFacts.derived_config, e.g. `vae.cache0_channels`) with + - * / // ** and
+(`vae.latent_channels`, `len(vae.block_out_channels)`; also keys the description's family
+derives from a config through the registry, FamilyFacts.derived_config) with + - * / // ** and
 parentheses, where `/` must divide exactly. Config values themselves refer to neither.
 """

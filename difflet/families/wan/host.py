@@ -96,11 +96,12 @@ def prepare_latents(env: HostEnv, step: Node, state: RequestState) -> None:
 
 
 def _temporal_scale(env: HostEnv) -> int:
-    """Video frames per later latent frame: the chunk decoder's `sample` frames (4 without one)."""
+    """Video frames per later latent frame: the chunk decoder's (outputs sample, next_cache0, ...)
+    `sample` frames; 4, Wan 2.1's, for a decoder that is not chunked."""
     for vae in env.module.components("decoder"):
-        for out in vae.find(Op.OUTPUT, "sample"):
-            if [o.name for o in vae.find(Op.OUTPUT)][1:2] == ["next_cache0"]:
-                return int(out.results[0].type.shape[2])
+        outputs = vae.find(Op.OUTPUT)
+        if [o.name for o in outputs[:2]] == ["sample", "next_cache0"]:
+            return int(outputs[0].results[0].type.shape[2])
     return 4
 
 
