@@ -54,7 +54,8 @@ class Neg:
 
 @dataclass(frozen=True)
 class ConfigRef:
-    """`component.key`: a key of a component's config (inline, default or from the checkpoint)."""
+    """`component.key` or `component.sub.key`: a (nested) key of a component's config (inline, default
+    or from the checkpoint); `key` is the dotted path below the component."""
 
     component: str
     key: str

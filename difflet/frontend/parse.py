@@ -63,7 +63,7 @@ class _ToAst(Transformer):
         return ast.Ref(str(c[0]), _tok_span(c[0]))
 
     def config_ref(self, meta, c):
-        return ast.ConfigRef(str(c[0]), str(c[1]), _span(meta))
+        return ast.ConfigRef(str(c[0]), ".".join(str(t) for t in c[1:]), _span(meta))
 
     def call(self, meta, c):
         return ast.Call(str(c[0]), c[1], _span(meta))

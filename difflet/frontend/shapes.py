@@ -92,9 +92,14 @@ class Evaluator:
             raise self.src.error(f"component {e.component!r} takes its config from the checkpoint: lower "
                                  "with --weights DIR, or give `config from checkpoint default { ... }`",
                                  e.span)
-        if e.key not in config:
-            raise self.src.error(f"the config of component {e.component!r} has no key {e.key!r}", e.span)
-        return config[e.key]
+        value: Any = config
+        for depth, part in enumerate(e.key.split(".")):  # `text_config.hidden_size`: walk the nested maps
+            if not isinstance(value, Attrs) or part not in value:
+                where = ".".join(e.key.split(".")[:depth]) or "config"
+                at = f" (in {e.component}.{where})" if depth else ""
+                raise self.src.error(f"the config of component {e.component!r} has no key {e.key!r}{at}", e.span)
+            value = value[part]
+        return value
 
     def int_expr(self, e: ast.Expr, what: str = "value") -> int:
         v = self.expr(e)
