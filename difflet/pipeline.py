@@ -79,6 +79,7 @@ class DiffletPipeline:
 
     def __init__(self, runner, art: Path | None = None) -> None:
         self.runner, self.art = runner, art
+        self._lora = ""  # the calls' adapter when they name none (load_lora_weights, set_adapters)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | Path, *, model: str | Path | None = None,
@@ -150,6 +151,8 @@ class DiffletPipeline:
         the request's other fields by their diffusers names (num_inference_steps,
         guidance_scale, height, width, num_frames, cache, ...; None = the profile's)."""
         fields = from_arguments(arguments, "__call__")
+        if fields.get("lora") is None and self._lora:
+            fields["lora"] = self._lora  # set_adapters / load_lora_weights
         if output_type not in ("pil", "np"):
             raise DiffletError(f"output_type: {output_type!r} is not 'pil' or 'np'", where="output_type")
         if int(num_images_per_prompt) < 1:
@@ -170,6 +173,38 @@ class DiffletPipeline:
             else:
                 out.frames.append(_video(result.video, output_type))
         return out
+
+    def load_lora_weights(self, path: str | Path, adapter_name: str | None = None, scale: float = 1.0) -> str:
+        """Load a LoRA adapter (any file diffusers' `load_lora_weights` reads) under `adapter_name`
+        (default: the file's stem) and make it the calls' adapter at `scale`; merged into the same
+        compiled programs, so nothing compiles. Returns the name (a call's `lora="NAME:SCALE"`
+        picks among the loaded ones)."""
+        import re
+
+        name = adapter_name or re.sub(r"[^A-Za-z0-9_.-]", "_", Path(path).stem)[:64] or "adapter"
+        self.runner.load_loras([(name, str(path), float(scale))])
+        self.set_adapters(name, scale)
+        return name
+
+    def set_adapters(self, adapter_names: str | list[str], adapter_weights: float | list[float] | None = None) -> None:
+        """The adapter (and its scale) calls use when they do not name one; one adapter at a time
+        ([] = the base weights). diffusers' weighted mix of several adapters is not served."""
+        names_ = [adapter_names] if isinstance(adapter_names, str) else list(adapter_names)
+        weights = adapter_weights if isinstance(adapter_weights, (list, tuple)) else [adapter_weights] * len(names_)
+        if len(names_) > 1:
+            raise DiffletError(f"adapter_names: {names_} - one adapter per call is served (a mix of several "
+                               "is not)", where="adapter_names")
+        if not names_:
+            self._lora = ""
+            return
+        scale = self.runner.adapters.get(names_[0]) if weights[0] is None else weights[0]
+        lora = f"{names_[0]}:{scale}" if scale is not None else names_[0]
+        self._params(prompt="adapter check", lora=lora)  # an unknown name or scale fails here, named
+        self._lora = lora
+
+    def disable_lora(self) -> None:
+        """Calls use the base weights (the loaded adapters stay loaded)."""
+        self._lora = ""
 
     def _params(self, **fields: Any):
         try:

@@ -138,6 +138,9 @@ class CompiledRunner:
                  shared: dict | None = None) -> None:
         from torch._inductor.package import load_package
 
+        self._weights_path = weights_path
+        self._replaced: dict = {}  # constants swapped in by replace_weights (kept alive: user-managed on CPU)
+
         try:
             self._model = load_package(str(program_path))
         except Exception as err:  # the loader raises bare RuntimeErrors from C++
@@ -157,6 +160,22 @@ class CompiledRunner:
             lambda c, user_managed, allow_h2d_copy: self._model.load_constants(
                 c, check_full_update=True, user_managed=user_managed, allow_h2d_copy=allow_h2d_copy),
             self._model.get_metadata(), self._constants)
+
+    def weight_names(self) -> list[str]:
+        return list(self._model.get_constant_fqns())
+
+    def base_weights(self, names: list[str]) -> dict[str, torch.Tensor]:
+        """The loaded (checkpoint) values of constants `names`, on the host."""
+        if self._constants is not None:
+            return {k: self._constants[k] for k in names}
+        return load_program_weights(self._weights_path, names)
+
+    def replace_weights(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Point constants `tensors` (a partial update, same shapes and dtypes) at new values;
+        the program itself is unchanged (LoRA: difflet/runtime/lora.py)."""
+        on_host = self._constants is not None
+        self._model.load_constants(tensors, check_full_update=False, user_managed=on_host, allow_h2d_copy=not on_host)
+        self._replaced = dict(tensors) if on_host else {}
 
     def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         out = self._model(*tensors)

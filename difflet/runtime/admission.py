@@ -43,11 +43,13 @@ class Admission:
     """The serving profile's request checks: `admit(**values)` -> (the `Request` for the model
     process, truncations to report); `check` -> the request alone."""
 
-    def __init__(self, info: ArtifactInfo, prompt_policy: str = "truncate") -> None:
+    def __init__(self, info: ArtifactInfo, prompt_policy: str = "truncate",
+                 adapters: dict[str, float] | None = None) -> None:
         if prompt_policy not in PROMPT_POLICIES:
             raise DiffletError(f"prompt policy {prompt_policy!r} is not one of {PROMPT_POLICIES}",
                                where="--prompt-policy")
         self.profile = info.profile
+        self.adapters = dict(adapters or {})  # the loaded LoRA adapters' names -> load scales
         self.sizes = info.manifest.sizes
         self.prompt_policy = prompt_policy
         self.token_limit, self.limit_encoder = text_limit(info.module)
@@ -72,7 +74,7 @@ class Admission:
     def admit(self, **values: Any) -> tuple[Request, list[Truncation]]:
         """(the resolved request, truncations to report) of field values (None = not given);
         raises DiffletError naming the field."""
-        request = resolve_request(self.profile, self.sizes, **values)
+        request = resolve_request(self.profile, self.sizes, self.adapters, **values)
         if self.prompt_policy == "strict" and self.limit_encoder:
             n = self.prompt_tokens(request.prompt)
             if n > self.token_limit:

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "seed", "steps", "guidance", "height", "width", "request_id", "cache", "negative_prompt", "frames")
+    __slots__ = ("prompt", "seed", "steps", "guidance", "height", "width", "request_id", "cache", "negative_prompt", "frames", "lora")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +18,7 @@ class GenerateRequest(_message.Message):
     CACHE_FIELD_NUMBER: _ClassVar[int]
     NEGATIVE_PROMPT_FIELD_NUMBER: _ClassVar[int]
     FRAMES_FIELD_NUMBER: _ClassVar[int]
+    LORA_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     seed: int
     steps: int
@@ -28,7 +29,8 @@ class GenerateRequest(_message.Message):
     cache: str
     negative_prompt: str
     frames: int
-    def __init__(self, prompt: _Optional[str] = ..., seed: _Optional[int] = ..., steps: _Optional[int] = ..., guidance: _Optional[float] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., request_id: _Optional[str] = ..., cache: _Optional[str] = ..., negative_prompt: _Optional[str] = ..., frames: _Optional[int] = ...) -> None: ...
+    lora: str
+    def __init__(self, prompt: _Optional[str] = ..., seed: _Optional[int] = ..., steps: _Optional[int] = ..., guidance: _Optional[float] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., request_id: _Optional[str] = ..., cache: _Optional[str] = ..., negative_prompt: _Optional[str] = ..., frames: _Optional[int] = ..., lora: _Optional[str] = ...) -> None: ...
 
 class Timings(_message.Message):
     __slots__ = ("encode_ms", "denoise_ms", "decode_ms", "total_ms", "queue_ms")

@@ -91,9 +91,12 @@ def _faults(generation: int) -> tuple[bool, str | None, str | None]:
 def _load(config: dict[str, Any]):
     from difflet.runtime.runner import ModelRunner
 
-    return ModelRunner.from_artifacts(config["root"], verify=bool(config.get("verify", True)),
-                                      cache=config["cache"], max_batch=int(config.get("max_batch", 1)),
-                                      lossless_video=bool(config.get("lossless_video", False)))
+    runner = ModelRunner.from_artifacts(config["root"], verify=bool(config.get("verify", True)),
+                                        cache=config["cache"], max_batch=int(config.get("max_batch", 1)),
+                                        lossless_video=bool(config.get("lossless_video", False)))
+    if config.get("loras"):
+        runner.load_loras([(name, path, float(scale)) for name, path, scale in config["loras"]])
+    return runner
 
 
 _SEND_LOCK = threading.Lock()

@@ -55,6 +55,10 @@ class Request(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     cache: Annotated[str, Meta(description=(
         "step-cache override: off | cadence:N | online-delta:ALPHA | calibrated:FILE[:THRESHOLD] "
         "(default: the server's mode)"))] = ""
+    lora: Annotated[str, Meta(max_length=96, pattern=r"^$|^[A-Za-z0-9_.-]{1,64}(:[-+]?[0-9]+(\.[0-9]*)?)?$", extra={
+        "means": "NAME or NAME:SCALE"}, description=(
+        "a LoRA adapter the server loaded (--lora NAME=PATH), at its scale or SCALE in [-8, 8]; "
+        "\"\" = the base weights"))] = ""
     request_id: Annotated[str, Meta(max_length=128, pattern=r"^[ -~]*$", extra={
         "means": "printable ASCII", "http": ""}, description=(
         "echoed back; the server makes one when empty; unique among the requests in flight"))] = ""

@@ -20,12 +20,15 @@ Invariants:
 - Shape buckets: one HostEnv per served size (its single-size module and programs; the
   size-independent programs and the host assets are shared objects); a request runs in the env
   of its size, and `warm_up()` checks every size and every compiled batch size.
+- LoRA (`load_loras`): a request runs under its `lora` adapter's weights, swapped into the same
+  programs (never compiled); requests of different adapters never run at once (lora.LoraSwitch).
 - `close()` (also `with ModelRunner...`) closes every program that has a `.close()` (a split
   program's rank workers stop); idempotent; a split program is unusable afterwards. Without it
   the workers still end with the process (daemonic, and SplitProgram closes itself on GC).
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -104,6 +107,29 @@ class ModelRunner:
         self._plans = PlanResolver(tie_keys(module, self.manifest), probe is not None)
         self.default_cache = self._plans.resolve(cache)
         self._slots = threading.BoundedSemaphore(self.max_batch)
+        self.lora = None  # a LoraSwitch once `load_loras` ran
+
+    def load_loras(self, specs) -> None:
+        """Read LoRA adapters ((name, path, scale) each) for this runner's programs, beside those
+        already loaded: requests name them in `lora`; nothing is compiled (difflet/runtime/lora.py)."""
+        from difflet.runtime.lora import LoraSwitch, read_adapter
+
+        loaded = list(self.lora.adapters.values()) if self.lora is not None else []
+        names = [a.name for a in loaded] + [name for name, _, _ in specs]
+        if len(set(names)) != len(names):
+            raise DiffletError(f"adapter name {next(n for n in names if names.count(n) > 1)!r} is given twice",
+                               where="--lora")
+        adapters = loaded + [read_adapter(name, path, self.module, scale) for name, path, scale in specs]
+        if self.lora is not None:
+            self.lora.restore()  # the switch below reads the base weights back from the programs
+        programs = {id(p): (n, p) for env in self.envs.values() for n, p in env.programs.items()}
+        probe = (str(self.probe.node.attrs.get("source", "")), self.probe) if self.probe is not None else None
+        self.lora = LoraSwitch(adapters, list(programs.values()), probe) if adapters else None
+
+    @property
+    def adapters(self) -> dict[str, float]:
+        """The loaded LoRA adapters' names -> their load scales."""
+        return {} if self.lora is None else {n: a.default_scale for n, a in self.lora.adapters.items()}
 
     @classmethod
     def from_artifacts(cls, root: Path | str, verify: bool = True, cache: str | None = "off",
@@ -134,7 +160,7 @@ class ModelRunner:
     def resolve(self, **values: Any) -> GenerateParams:
         """Validate a request's field values (None = not given; `cache` unset = the server's
         default mode) against the served sizes; errors name the field."""
-        return self.admitted(resolve_request(self.env.profile, tuple(self.envs), **values))
+        return self.admitted(resolve_request(self.env.profile, tuple(self.envs), self.adapters, **values))
 
     def admitted(self, request: Request) -> GenerateParams:
         """A request already validated against these served sizes, with its step-cache plan
@@ -150,7 +176,8 @@ class ModelRunner:
         if params.cache is None:
             params = replace(params, cache=self.default_cache)
         env = self._env_of(params)
-        with self._slots:
+        adapter = self.lora.serving(params.request.lora) if self.lora is not None else contextlib.nullcontext()
+        with self._slots, adapter:
             start = time.perf_counter()
             try:
                 state = run_schedule(env, params, hooks)

@@ -24,6 +24,7 @@ Invariants:
 from __future__ import annotations
 
 import faulthandler
+import os
 import signal
 import sys
 import threading
@@ -32,6 +33,7 @@ import click
 
 from difflet.errors import DiffletError
 from difflet.runtime.api_server import DiffletServer
+from difflet.runtime.validate import parse_lora_spec
 
 
 class _Interrupted(BaseException):
@@ -58,6 +60,23 @@ def _expectations(pairs: tuple[str, ...]) -> dict[str, str]:
             raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--profile")
         out[key.strip()] = value.strip()
     return out
+
+
+def _adapters(specs: tuple[str, ...]) -> tuple[tuple[str, str, float], ...]:
+    """--lora values as (name, path, scale); syntax, range, duplicates and the files' existence
+    are usage errors here (the model process reads the files)."""
+    out = []
+    for spec in specs:
+        try:
+            name, path, scale = parse_lora_spec(spec)
+        except DiffletError as err:
+            raise click.BadParameter(err.message, param_hint="--lora") from None
+        if name in {n for n, _, _ in out}:
+            raise click.BadParameter(f"adapter name {name!r} is given twice", param_hint="--lora")
+        if not os.path.isfile(path):
+            raise click.BadParameter(f"{path}: no such file", param_hint="--lora")
+        out.append((name, os.path.abspath(path), scale))
+    return tuple(out)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -88,6 +107,10 @@ def _expectations(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--profile", "expect", multiple=True, metavar="KEY=VALUE",
               help="serving profile the artifacts must match (model, height, tp, ...); repeatable")
 @click.option("--no-verify", is_flag=True, help="skip artifact checksum verification at load")
+@click.option("--lora", "loras", multiple=True, metavar="NAME=PATH[:SCALE]",
+              help="load a LoRA adapter (a file diffusers' load_lora_weights reads) under NAME, merged at "
+                   "SCALE (default 1.0) into the same programs when a request names it in `lora` "
+                   "(repeatable; nothing is compiled)")
 @click.option("--lossless-video", is_flag=True,
               help="encode videos as lossless RGB H.264 (qp 0): the MP4 decodes to the generated "
                    "frames exactly; larger files, which browsers do not play")
@@ -113,7 +136,8 @@ def main(art: str, port: int, host: str, queue_size: int, request_timeout: float
          cache: str, metrics_port: int | None, replicas: int, threads: int,
          expect: tuple[str, ...], no_verify: bool, http_port: int | None, api_key: str | None,
          tls_cert: str | None, tls_key: str | None, http_content_retention: float,
-         http_content_mb: int, prompt_policy: str, max_batch: int, lossless_video: bool) -> None:
+         http_content_mb: int, prompt_policy: str, max_batch: int, loras: tuple[str, ...],
+         lossless_video: bool) -> None:
     """Serve one compiled profile over gRPC (difflet.v1.Difflet + grpc.health.v1 + reflection)."""
     stop = threading.Event()
     serving = threading.Event()
@@ -132,12 +156,13 @@ def main(art: str, port: int, host: str, queue_size: int, request_timeout: float
             raise click.BadParameter("give both --tls-cert and --tls-key", param_hint="--tls-cert")
         if tls_cert:
             _check_tls(tls_cert, tls_key)
+        adapters = _adapters(loras)
         server = DiffletServer(art, host, port, queue_size=queue_size,
                                request_timeout=request_timeout or None, grace=grace, cache=cache,
                                replicas=replicas, expect=_expectations(expect), verify=not no_verify,
                                threads=threads, prompt_policy=prompt_policy, api_key=api_key,
                                tls=(tls_cert, tls_key) if tls_cert else None, max_batch=max_batch or None,
-                               lossless_video=lossless_video)
+                               lossless_video=lossless_video, loras=adapters)
         bound = server.start()
         click.echo(f"starting on {host}:{bound}")
         if metrics_port is not None:

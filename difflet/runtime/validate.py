@@ -9,10 +9,14 @@ Invariants:
 - Image size is compiled in: height/width must be the profile's (0 or None = the default) or,
   for an artifact with shape buckets, one of its served sizes ("WxH"; a video's frame count,
   0 = the profile's at the default size, else the first one served at that size).
+- `lora` names a loaded adapter; resolved it always carries its scale (`NAME:SCALE`), so the model
+  process never needs the servers' load scales.
 - The result has every default resolved: it is what the model process runs, unchecked again.
 """
 from __future__ import annotations
 
+import math
+import re
 import uuid
 from typing import Any, Mapping, Sequence
 
@@ -74,9 +78,49 @@ def _frames(frames: int, profile: Mapping[str, Any]) -> int:
     return expected
 
 
-def resolve_request(profile: Mapping[str, Any], sizes: Sequence[str] = (), **values: Any) -> Request:
-    """Check one request (field values; None = not given) against `profile` and the served `sizes`
-    of a bucketed artifact, and fill defaults; raises DiffletError naming the field."""
+MAX_LORA_SCALE = 8.0
+ADAPTER_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # also the request field's pattern (request.lora)
+
+
+def parse_lora_spec(spec: str, field: str = "--lora") -> tuple[str, str, float]:
+    """`NAME=PATH[:SCALE]` -> (name, path, scale; 1.0 when none), checked for syntax and range."""
+    name, sep, rest = spec.partition("=")
+    if not sep or not rest:
+        raise _fail(field, f"{spec!r} is not NAME=PATH[:SCALE]")
+    if not ADAPTER_NAME.match(name):
+        raise _fail(field, f"adapter name {name!r}: use 1-64 letters, digits, '_', '-' or '.'")
+    path, colon, scale = rest.rpartition(":")
+    try:
+        value = float(scale) if colon else 1.0
+    except ValueError:
+        path, value = rest, 1.0  # a ':' inside the path
+    if not colon:
+        path = rest
+    if not (math.isfinite(value) and -MAX_LORA_SCALE <= value <= MAX_LORA_SCALE):
+        raise _fail(field, f"{spec!r}: scale {value} is outside [-{MAX_LORA_SCALE:g}, {MAX_LORA_SCALE:g}]")
+    return name, path, value
+
+
+def check_lora(lora: str, adapters: Mapping[str, float], field: str = "lora") -> str:
+    """`NAME[:SCALE]` of a loaded adapter as `NAME:SCALE` (its load scale when none is given); ""
+    stays "" (the base weights). `adapters`: the loaded adapters' names -> load scales."""
+    if not lora:
+        return ""
+    name, _, scale = lora.partition(":")
+    if name not in adapters:
+        loaded = ", ".join(sorted(adapters)) or "none; start the server with --lora NAME=PATH"
+        raise _fail(field, f"adapter {name!r} is not loaded (loaded: {loaded})")
+    value = float(scale) if scale else float(adapters[name])
+    if not -MAX_LORA_SCALE <= value <= MAX_LORA_SCALE:
+        raise _fail(field, f"scale {value} is outside [-{MAX_LORA_SCALE:g}, {MAX_LORA_SCALE:g}]")
+    return f"{name}:{value!r}"
+
+
+def resolve_request(profile: Mapping[str, Any], sizes: Sequence[str] = (), adapters: Mapping[str, float] | None = None,
+                    **values: Any) -> Request:
+    """Check one request (field values; None = not given) against `profile`, the served `sizes`
+    of a bucketed artifact and the loaded LoRA `adapters` (name -> load scale), and fill defaults;
+    raises DiffletError naming the field."""
     request = check(values)
     if len(sizes) > 1:
         height, width, frames = _bucket_size(request.height, request.width, request.frames, profile, sizes)
@@ -88,4 +132,5 @@ def resolve_request(profile: Mapping[str, Any], sizes: Sequence[str] = (), **val
         steps=int(profile["steps"]) if request.steps is None else request.steps,
         guidance=float(profile["guidance"]) if request.guidance is None else request.guidance,
         request_id=request.request_id or uuid.uuid4().hex[:16],
-        cache=check_cache_mode(request.cache) if request.cache.strip() else "")
+        cache=check_cache_mode(request.cache) if request.cache.strip() else "",
+        lora=check_lora(request.lora, adapters or {}))
