@@ -1,6 +1,13 @@
-# Qwen/Qwen-Image at real size (QwenImagePipeline), 1024x1024.
-# VAE 8x spatial, latents packed 2x2 -> 4096 visual tokens of 64 channels; text is the
-# Qwen2.5-VL last decoder layer's hidden states (template cropped), at most 512 tokens, padding masked.
+# Qwen/Qwen-Image at real size (QwenImagePipeline), 1024x1024. Every config comes from the
+# checkpoint (`difflet lower --weights DIR`), so this serves any Qwen-Image checkpoint of these
+# classes (a fine-tune of other dimensions); without weights it lowers with Qwen-Image's (20B)
+# configs, the `default` blocks. Shapes follow the configs as QwenImagePipeline computes them:
+# vae_scale_factor = 2 ** len(vae.temperal_downsample) (Qwen-Image: 8), latents of
+# transformer.in_channels / 4 channels (= vae.z_dim, 16) packed 2x2 -> in_channels (64) per token,
+# so 1024x1024 is (1024 / 16) ** 2 = 4096 visual tokens; the transformer gives
+# patch_size ** 2 * out_channels (64) back. Text is the Qwen2.5-VL last decoder layer's hidden
+# states (text_config.hidden_size 3584 = transformer.joint_attention_dim), template cropped, at
+# most 512 tokens, padding masked. The 20B transformer: 60 double-stream blocks, 24 heads x 128.
 
 model qwen_image family qwen_image
 
@@ -21,7 +28,7 @@ runtime step: int64 in [0, steps - 1] default 0 doc "index of the current denois
 
 # Qwen2.5-VL-7B (text: 28 layers, 28 heads / 4 KV heads; vision 32 x 1280)
 encoder text_encoder = transformers.Qwen2_5_VLForConditionalGeneration from "text_encoder" {
-    config {
+    config from checkpoint default {
         text_config: {
             vocab_size: 152064, hidden_size: 3584, intermediate_size: 18944
             num_hidden_layers: 28, num_attention_heads: 28, num_key_value_heads: 4
@@ -34,32 +41,47 @@ encoder text_encoder = transformers.Qwen2_5_VLForConditionalGeneration from "tex
     dtype dtype
     tokenizer transformers.PreTrainedTokenizerFast from "tokenizer" max_length max_text + template
     input  input_ids: int64[1, max_text + template]
-    output prompt_embeds: dtype[1, max_text + template, 3584] select "hidden_states"
+    output prompt_embeds: dtype[1, max_text + template, text_encoder.text_config.hidden_size] select "hidden_states"
 }
 
-# 60 double-stream blocks, 24 heads x 128, no single-stream blocks
+# Qwen-Image: 60 double-stream blocks, 24 heads x 128, no single-stream blocks
 denoiser transformer = diffusers.QwenImageTransformer2DModel from "transformer" {
-    config {
+    config from checkpoint default {
         patch_size: 2, in_channels: 64, out_channels: 16, num_layers: 60
         attention_head_dim: 128, num_attention_heads: 24, joint_attention_dim: 3584
         guidance_embeds: false, axes_dims_rope: [16, 56, 56]
     }
     dtype dtype
-    input hidden_states:         dtype[1, (height / 16) * (width / 16), 64]
-    input encoder_hidden_states: dtype[1, max_text, 3584]   # valid rows first; padding masked in the program
+    # pixels / (2 * vae_scale_factor) per side: the VAE's latents packed 2x2 (the pipeline's fixed pack)
+    input hidden_states: dtype[1, (height / (2 * 2 ** len(vae.temperal_downsample)))
+                                  * (width / (2 * 2 ** len(vae.temperal_downsample))), transformer.in_channels]
+    # the encoder's width (lowering checks it against transformer.joint_attention_dim); valid rows
+    # first, padding masked in the program
+    input encoder_hidden_states: dtype[1, max_text, text_encoder.text_config.hidden_size]
     input timestep:              dtype[1]
     input valid_text: runtime valid_text
-    output sample: dtype[1, (height / 16) * (width / 16), 64] select 0
+    output sample: dtype[1, (height / (2 * 2 ** len(vae.temperal_downsample)))
+                            * (width / (2 * 2 ** len(vae.temperal_downsample))),
+                         transformer.patch_size ** 2 * transformer.out_channels] select 0
 
     attention "transformer_blocks.*.attn": joint
-        heads 24 head_dim 128 order (text, visual) text_mask true valid valid_text
+        heads transformer.num_attention_heads head_dim transformer.attention_head_dim
+        order (text, visual) text_mask true valid valid_text
 }
 
 decoder vae = diffusers.AutoencoderKLQwenImage from "vae" {
-    config { base_dim: 96, z_dim: 16, dim_mult: [1, 2, 4, 4], num_res_blocks: 2 }
+    config from checkpoint default {
+        base_dim: 96, z_dim: 16, dim_mult: [1, 2, 4, 4], num_res_blocks: 2, attn_scales: []
+        temperal_downsample: [false, true, true], dropout: 0.0
+        latents_mean: [-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
+                       0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921]
+        latents_std: [2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
+                      3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.916]
+    }
     entry decode
     dtype dtype
-    input  z: dtype[1, 16, 1, height / 8, width / 8]
+    input  z: dtype[1, vae.z_dim, 1, height / 2 ** len(vae.temperal_downsample),
+                    width / 2 ** len(vae.temperal_downsample)]
     output sample: dtype[1, 3, 1, height, width] select "sample"
 }
 
