@@ -11,7 +11,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.parametrize("model, args", [
     ("wan2.1-tiny", ("--parallel", "tp2")),
-    ("wan2.1-tiny", ("--parallel", "tp1cp2", "--attention", "ring")),
+    ("wan2.1-tiny", ("--parallel", "tp1cp2", "--attention", "ring")),  # rank programs shared with test_split_wan
     ("hunyuan-video-tiny", ("--parallel", "tp2")),
     ("hunyuan-video-tiny", ("--parallel", "tp1cp2", "--attention", "ulysses")),
     ("ltx2-tiny", ("--parallel", "tp2")),

@@ -23,6 +23,8 @@ from difflet.runtime import client
 from difflet.runtime.demo import start_server, stop_server
 from serving_util import WAIT_S, HealthWatch, Stream, copy_art, corrupt, wait_exit
 
+pytestmark = pytest.mark.slow  # compiles the 128x128 profile (about 2 CPU-minutes): full suite only
+
 PROMPT, SEED = "a red fox in the snow", 5
 # Measured on the shared 2-core machine at load average 24, one torch thread: 4 steps 0.55 s,
 # 10 steps 1.5 s, 100 steps 10.4 s (~0.1 s a step); idle, a step at 1056 tokens costs >= 11 ms
