@@ -144,13 +144,13 @@ def test_eager_programs_and_the_step_cache_probe_take_the_adapter(flux_tiny_ckpt
                          probe=eager_probe(module, flux_tiny_ckpt))
     runner.load_loras([("style", str(adapters["style"]), 1.0)])
     probe_targets = [t for t in runner.lora._targets if t.holder.module is runner.probe.program._runner]
-    assert probe_targets and 0 < len(probe_targets[0].fqn) < len(runner.lora.adapters["style"].deltas["transformer"])
+    assert probe_targets and 0 < len(probe_targets[0].fqn) < len(runner.lora.adapters["style"].layers["transformer"])
     got = _served(runner, "style:0.5")
     assert_images_close(got, _reference(Path(flux_tiny_ckpt), adapters["style"], "style", 0.5),
                         "eager programs, style at 0.5 vs FluxPipeline.load_lora_weights")
     holder = probe_targets[0].holder.module
     for key, fqn in probe_targets[0].fqn.items():  # the probe serves base + 0.5 * delta
-        want = probe_targets[0].base[fqn] + 0.5 * runner.lora.adapters["style"].deltas["transformer"][key]
+        want = probe_targets[0].base[fqn] + 0.5 * runner.lora.adapters["style"].delta("transformer", key)
         assert torch.equal(holder.state_dict()[fqn], want.to(holder.state_dict()[fqn].dtype))
 
 
@@ -158,7 +158,7 @@ def test_eager_programs_and_the_step_cache_probe_take_the_adapter(flux_tiny_ckpt
 
 
 @pytest.fixture(scope="module")
-def served(flux_tiny_art, adapters):
+def served(flux_tiny_art, adapters):  # the served tests start servers: full suite only
     from difflet.runtime.demo import stop_server
     from http_util import start_http_server
 
@@ -176,6 +176,7 @@ def _png(data: bytes) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
 
 
+@pytest.mark.slow
 def test_served_over_grpc_and_http_switching_adapters_compiles_nothing(served, adapters, flux_tiny_ckpt):
     import base64
 
@@ -197,6 +198,7 @@ def test_served_over_grpc_and_http_switching_adapters_compiles_nothing(served, a
     assert processes and all(p.compiles == 0 for p in processes)
 
 
+@pytest.mark.slow
 def test_an_adapter_the_server_did_not_load_is_refused_naming_it(served):
     import grpc
     import openai
@@ -214,6 +216,7 @@ def test_an_adapter_the_server_did_not_load_is_refused_naming_it(served):
     assert "lora: adapter 'missing' is not loaded" in str(bad.value)
 
 
+@pytest.mark.slow
 def test_a_malformed_file_stops_the_server_at_start_naming_file_and_key(flux_tiny_art, adapters, tmp_path):
     import subprocess
     import sys
@@ -251,3 +254,45 @@ def test_python_api_load_lora_weights_and_set_adapters(flux_tiny_ckpt, adapters)
             pipe.set_adapters(["style", "style"])
         with pytest.raises(DiffletError, match="adapter 'nope' is not loaded"):
             pipe.set_adapters("nope")
+
+
+@pytest.mark.slow  # a second family's pipeline and programs
+def test_a_wan_adapter_is_wanpipelines_load_lora_weights(tmp_path):
+    """The same generic path on another family: a Wan adapter (self- and cross-attention and the
+    FFN) on the wan2.1-tiny eager programs equals WanPipeline.load_lora_weights at scale 0.7."""
+    from diffusers import WanPipeline, WanTransformer3DModel
+    from peft import LoraConfig
+    from peft.utils import get_peft_model_state_dict
+
+    from conftest import REPO
+    from difflet.codegen.artifacts import eager_programs
+    from difflet.runtime.runner import ModelRunner
+    from oracle_util import planned_tiny, random_checkpoint
+
+    module = planned_tiny(REPO / "models" / "wan2.1-tiny.dsl")
+    ckpt = Path(random_checkpoint(module))
+    transformer = WanTransformer3DModel.from_pretrained(str(ckpt / "transformer"))
+    lora = LoraConfig(r=4, lora_alpha=4, target_modules=["to_q", "to_k", "to_v", "to_out.0", "ffn.net.2"],
+                      init_lora_weights="gaussian")
+    transformer.add_adapter(lora)
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, p in transformer.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    WanPipeline.save_lora_weights(str(tmp_path), transformer_lora_layers=get_peft_model_state_dict(transformer),
+                                  transformer_lora_adapter_metadata=lora.to_dict())
+    path = tmp_path / "pytorch_lora_weights.safetensors"
+    runner = ModelRunner(module, eager_programs(module, ckpt), ckpt)
+    runner.load_loras([("motion", str(path), 0.7)])
+    ours = runner.generate(runner.resolve(prompt=PROMPT, seed=SEED, lora="motion")).video
+    ref = WanPipeline.from_pretrained(str(ckpt))
+    ref.set_progress_bar_config(disable=True)
+    ref.load_lora_weights(str(path), adapter_name="motion")
+    ref.set_adapters(["motion"], [0.7])
+    want = ref(PROMPT, generator=torch.Generator("cpu").manual_seed(SEED), num_inference_steps=4, guidance_scale=5.0,
+               height=32, width=32, num_frames=9, max_sequence_length=16, output_type="np").frames[0]
+    base = runner.generate(runner.resolve(prompt=PROMPT, seed=SEED)).video
+    assert np.abs(base.astype(int) - ours.astype(int)).max() > 8  # the adapter moves the video
+    for i, (got, exp) in enumerate(zip(ours, (want * 255).round().astype(np.uint8), strict=True)):
+        assert_images_close(got, exp, f"Wan adapter at 0.7, frame {i} vs WanPipeline.load_lora_weights")
