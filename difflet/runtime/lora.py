@@ -7,8 +7,10 @@ component's config on the meta device, so only the adapter's factors are ever in
 are PEFT's (`LoraLayer.get_delta_weight`: rank, alpha, rank/alpha patterns, rsLoRA).
 
 Invariants:
-- A program's weights change only through `Program.replace_weights` (a partial constant update of
-  the loaded program); the cache key, the program files and the compile count never change.
+- A program's weights change only through its loaded runner's `replace_weights` (a partial constant
+  update, codegen/inductor.py); the cache key, the program files and the compile count never change.
+- Memory: the adapters' factors, plus one merged copy of the weights the served adapter touches
+  (the checkpoint values stay loaded, since every switch starts from them).
 - Weights served under adapter A at scale s are exactly `cast(base.float() + s * delta_A)`, made
   from the base weights each time (never by adding to the last merge), so switching is exact.
 - A file that does not convert, carries keys of a component no adapter can reach here (text
@@ -22,6 +24,7 @@ import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -33,16 +36,27 @@ from difflet.runtime.validate import ADAPTER_NAME
 
 @dataclass
 class Adapter:
-    """One adapter's deltas: component name -> {the component's weight FQN -> dense delta (fp32)}."""
+    """One adapter: component name -> {the component's weight FQN -> its PEFT LoRA layer}; only the
+    low-rank factors are held, a dense delta exists only while a switch merges it."""
 
     name: str
     path: Path
-    deltas: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    layers: dict[str, dict[str, Any]] = field(default_factory=dict)
     default_scale: float = 1.0
+
+    def delta(self, component: str, key: str) -> torch.Tensor | None:
+        """The float32 delta of weight `key` (PEFT's `get_delta_weight`), None if not adapted."""
+        layer = self.layers.get(component, {}).get(key)
+        if layer is None:
+            return None
+        with torch.no_grad():
+            return layer.get_delta_weight("difflet").float()
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for d in self.deltas.values() for t in d.values())
+        """Bytes of the adapter's factors (what loading it costs)."""
+        return sum(p.numel() * p.element_size() for layers in self.layers.values() for layer in layers.values()
+                   for d in (layer.lora_A, layer.lora_B) for p in d["difflet"].parameters())
 
 
 def _pipeline_class(module: Module):
@@ -91,8 +105,9 @@ def _meta_model(node: Node):
         return cls.from_config(node.attrs["config"].to_python())
 
 
-def _deltas(node: Node, state_dict: dict, alphas, metadata, prefix: str, path: Path) -> dict[str, torch.Tensor]:
-    """PEFT's delta of every layer the adapter holds for component `node` (keys: weight FQNs)."""
+def _layers(node: Node, state_dict: dict, alphas, metadata, prefix: str, path: Path) -> dict[str, Any]:
+    """PEFT's LoRA layer of every weight the adapter holds for component `node` (keys: weight FQNs),
+    its factors loaded on the host."""
     from diffusers.utils import convert_unet_state_dict_to_peft
     from peft import set_peft_model_state_dict
     from peft.tuners.lora import LoraLayer
@@ -121,8 +136,7 @@ def _deltas(node: Node, state_dict: dict, alphas, metadata, prefix: str, path: P
     unexpected = [k for k in getattr(result, "unexpected_keys", []) if "difflet" in k or "lora" in k]
     if unexpected:
         raise DiffletError(f"key {prefix}.{unexpected[0]} matches no layer of {node.name}", where=path)
-    with torch.no_grad():
-        return {f"{name}.weight": layer.get_delta_weight("difflet").float() for name, layer in layers.items()}
+    return {f"{name}.weight": layer for name, layer in layers.items()}
 
 
 def read_adapter(name: str, path: str | os.PathLike, module: Module, scale: float = 1.0) -> Adapter:
@@ -145,8 +159,8 @@ def read_adapter(name: str, path: str | os.PathLike, module: Module, scale: floa
             what = "a text encoder's" if node is not None else "no served component's"
             raise DiffletError(f"key {first} is {what} weight; only the denoiser's LoRA layers are served",
                                where=path)
-        adapter.deltas[node.name] = _deltas(node, state_dict, alphas, metadata, prefix, path)
-        if not adapter.deltas[node.name]:
+        adapter.layers[node.name] = _layers(node, state_dict, alphas, metadata, prefix, path)
+        if not adapter.layers[node.name]:
             raise DiffletError(f"key {first} converts to no LoRA layer of {node.name}", where=path)
     return adapter
 
@@ -221,8 +235,8 @@ class LoraSwitch:
 
         self.adapters = {a.name: a for a in adapters}
         self._targets: list[_Target] = []
-        for comp in sorted({c for a in adapters for c in a.deltas}):
-            keys = sorted({k for a in adapters for k in a.deltas.get(comp, {})})
+        for comp in sorted({c for a in adapters for c in a.layers}):
+            keys = sorted({k for a in adapters for k in a.layers.get(comp, {})})
             owned = [(p, False) for n, p in programs if n == comp]
             owned += [(probe[1].program, True)] if probe is not None and probe[0] == comp else []
             for program, partial in owned:
@@ -241,11 +255,10 @@ class LoraSwitch:
         name, _, scale = lora.partition(":")
         adapter = self.adapters.get(name)
         for t in self._targets:
-            deltas = adapter.deltas.get(t.component, {}) if adapter else {}
             merged = {}
             for key, fqn in t.fqn.items():
                 base = t.base[fqn]
-                delta = deltas.get(key)
+                delta = adapter.delta(t.component, key) if adapter is not None else None
                 merged[fqn] = base if delta is None else \
                     (base.float() + float(scale) * delta).to(base.dtype).contiguous()
             t.holder.replace_weights(merged)
