@@ -33,7 +33,6 @@ from difflet.ir.nodes import Module, Node
 from difflet.runtime.validate import ADAPTER_NAME
 
 
-
 @dataclass
 class Adapter:
     """One adapter: component name -> {the component's weight FQN -> its PEFT LoRA layer}; only the
@@ -126,8 +125,10 @@ def _layers(node: Node, state_dict: dict, alphas, metadata, prefix: str, path: P
     for name, layer in layers.items():
         if not isinstance(layer.get_base_layer(), torch.nn.Linear) or layer.use_dora.get("difflet"):
             raise DiffletError(f"{name}: only LoRA on linear layers is served (not DoRA or convolutions)", where=path)
-        layer.lora_A["difflet"].to_empty(device="cpu")
-        layer.lora_B["difflet"].to_empty(device="cpu")
+        for factor in (layer.lora_A["difflet"], layer.lora_B["difflet"]):
+            factor.to_empty(device="cpu")
+            for p in factor.parameters():  # a targeted layer the file holds no factors of adds 0, as in PEFT
+                torch.nn.init.zeros_(p)
     # the factors' values, keyed as diffusers' load_lora_adapter keys them for PEFT
     own = {k.removeprefix(f"{prefix}."): v for k, v in state_dict.items() if k.startswith(f"{prefix}.")}
     if own and "lora_A" not in next(iter(own)):
