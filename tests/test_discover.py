@@ -80,3 +80,26 @@ def test_lower_without_a_description_reads_the_checkpoint():
     assert "give a model description (DSL), or --weights DIR" in r.output
     r = CliRunner().invoke(main, ["lower", "--weights", "random:1"])
     assert r.exit_code == 2 and "random:1 has no model_index.json" in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("tiny", sorted(CASES))
+def test_the_found_description_lowers_each_tiny_checkpoint_to_the_tiny_descriptions_shapes(tiny):
+    """What `from_pretrained(DIR)` with no model lowers before it compiles: the real-size description,
+    its configs from the tiny checkpoint and its sizes from the tiny profile, gives every program
+    input and output the shape the hand-written tiny description states (the independent oracle)."""
+    from difflet.frontend.lower import lower_file
+    from difflet.ir.nodes import Op
+
+    stated = planned_tiny(REPO / "models" / f"{tiny}.dsl")
+    ckpt = random_checkpoint(stated)
+    profile = stated.attrs["profile"].to_python()
+    sizes = {k: str(profile[k]) for k in ("height", "width", "frames", "max_text", "dtype") if k in profile}
+    found = lower_file(str(description_for(str(ckpt))), sizes, str(ckpt))
+
+    def shapes(module):
+        return {(c.name, n.name): tuple(n.results[0].type.shape) for c in module.components()
+                for n in (*c.find(Op.INPUT), *c.find(Op.OUTPUT)) if hasattr(n.results[0].type, "shape")}
+
+    want = shapes(stated)
+    got = {key: shape for key, shape in shapes(found).items() if key in want}
+    assert got == want

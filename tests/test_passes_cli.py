@@ -30,7 +30,7 @@ def test_illegal_plan_is_one_error_line_exit_2(flux_ir, tmp_path):
     r = CliRunner().invoke(main, ["opt", str(flux_ir), "--parallel", "tp4cp4", "--target", "trn2",
                                   "-o", str(tmp_path / "x.ir")])
     assert r.exit_code == 2
-    assert "error: models/flux.dsl:77:5: illegal plan tp4cp4 ulysses" in r.output
+    assert "error: models/flux.dsl:76:5: illegal plan tp4cp4 ulysses" in r.output
     assert "Traceback" not in r.output
 
 

@@ -73,7 +73,7 @@ def test_illegal_plan_names_rule_component_location_and_alternatives(flux):
         optimize(flux, "tp4cp4", target="trn2", **PINNED)
     msg = str(err.value)
     assert "heads 24 not divisible by tp*cp = 16" in msg and "rule ulysses-heads" in msg
-    assert "component transformer" in msg and "flux.dsl:77:5" in msg
+    assert "component transformer" in msg and "flux.dsl:76:5" in msg
     assert "legal on trn2 with 16 cores: " in msg and "tp4cp4 ring" in msg
 
 

@@ -12,7 +12,6 @@ profile {
     steps    = 4
     guidance = 0.0      # no guidance embedding: requests' guidance is not used
     max_text = 256      # FluxPipeline's max_sequence_length for schnell
-    clip_len = 77       # CLIP gives only the pooled vector
     dtype    = bfloat16
 }
 
@@ -30,8 +29,8 @@ encoder text_encoder = transformers.CLIPTextModel from "text_encoder" {
         bos_token_id: 0, eos_token_id: 2, pad_token_id: 1
     }
     dtype dtype
-    tokenizer transformers.PreTrainedTokenizerFast from "tokenizer" max_length clip_len
-    input  input_ids: int64[1, clip_len]
+    tokenizer transformers.PreTrainedTokenizerFast from "tokenizer" max_length text_encoder.max_position_embeddings
+    input  input_ids: int64[1, text_encoder.max_position_embeddings]   # CLIP gives only the pooled vector
     output pooled: dtype[1, text_encoder.hidden_size] select "pooler_output"
 }
 

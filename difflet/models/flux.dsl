@@ -13,7 +13,6 @@ profile {
     steps    = 28
     guidance = 3.5      # embedded (distilled) guidance, fed to the transformer
     max_text = 512      # T5 max_sequence_length, padded to max_length
-    clip_len = 77       # CLIP gives only the pooled vector
     dtype    = bfloat16
     batch    = 1        # requests per denoiser call; `--batch-sizes` compiles more
 }
@@ -32,8 +31,8 @@ encoder text_encoder = transformers.CLIPTextModel from "text_encoder" {
         bos_token_id: 0, eos_token_id: 2, pad_token_id: 1
     }
     dtype dtype
-    tokenizer transformers.PreTrainedTokenizerFast from "tokenizer" max_length clip_len
-    input  input_ids: int64[1, clip_len]
+    tokenizer transformers.PreTrainedTokenizerFast from "tokenizer" max_length text_encoder.max_position_embeddings
+    input  input_ids: int64[1, text_encoder.max_position_embeddings]   # CLIP gives only the pooled vector
     output pooled: dtype[1, text_encoder.hidden_size] select "pooler_output"
 }
 
