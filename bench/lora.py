@@ -8,14 +8,15 @@ one process:
   load_ms      reading one adapter (diffusers' loader + PEFT layers on a meta model);
   switch_ms    median time to make the programs serve another adapter (a merge of every adapted weight
                from the checkpoint values plus one partial constant update), over --switches alternations;
-  request_ms   median of 3 requests (--steps steps) under the base weights and under an adapter, after its switch
+  request_ms   one request (--steps steps) under the base weights and under an adapter, after its switch
                (an adapter adds nothing per step: the merged weights are the program's constants);
   adapter_mb   one adapter's factors; merged_mb: the merged copies the served adapter keeps;
-  rss_mb       the process's resident memory before loading the adapters and after the switches;
+  rss_mb       the process's resident memory before loading the adapters, after loading them and after
+               the switches (before any request, whose activations would blur it);
   compiles     program-store entries written while loading and switching (must be 0).
 Prints JSON and a markdown table (also to bench/results/lora.{json,md} with --save).
 
-  python bench/lora.py [--cases flux-shapes,flux512-bf16] [--switches 5] [--steps 4] [--save]
+  python bench/lora.py [--cases flux-shapes,flux512-bf16] [--switches 5] [--steps 2] [--save]
 """
 from __future__ import annotations
 
@@ -83,20 +84,19 @@ def measure(case: str, work: Path, switches: int, steps: int) -> dict:
             t0 = time.perf_counter()
             runner.load_loras([(name, str(path), 1.0)])
             loads.append((time.perf_counter() - t0) * 1e3)
+        rss_loaded = _rss_mb()
         times = []
         for i in range(switches):
             t0 = time.perf_counter()
             runner.lora._apply(("a:1.0", "b:1.0")[i % 2])
             times.append((time.perf_counter() - t0) * 1e3)
+        rss_switched = _rss_mb()
 
         def request(lora: str) -> float:
             pipe("a red circle", seed=0, num_inference_steps=steps, lora=lora)  # its switch, if any
-            took = []
-            for _ in range(3):
-                t0 = time.perf_counter()
-                pipe("a red circle", seed=0, num_inference_steps=steps, lora=lora)
-                took.append((time.perf_counter() - t0) * 1e3)
-            return statistics.median(took)
+            t0 = time.perf_counter()
+            pipe("a red circle", seed=0, num_inference_steps=steps, lora=lora)
+            return (time.perf_counter() - t0) * 1e3
 
         base_ms, adapter_ms = request(""), request("a:0.8")
         merged = sum(t.base[f].numel() * t.base[f].element_size() for t in runner.lora._targets for f in t.fqn.values())
@@ -104,18 +104,19 @@ def measure(case: str, work: Path, switches: int, steps: int) -> dict:
                 "load_ms": statistics.median(loads), "switch_ms": statistics.median(times),
                 "switch_max_ms": max(times), "request_base_ms": base_ms, "request_adapter_ms": adapter_ms,
                 "steps": steps, "adapter_mb": runner.lora.adapters["a"].nbytes / 2**20,
-                "merged_mb": merged / 2**20, "rss_before_mb": rss0, "rss_after_mb": _rss_mb(),
+                "merged_mb": merged / 2**20, "rss_before_mb": rss0, "rss_loaded_mb": rss_loaded,
+                "rss_switched_mb": rss_switched,
                 "compiles": sum(1 for _ in store.rglob("*.pt2")) - entries}
 
 
 def table(rows: list[dict]) -> str:
     out = ["| case | adapted weights | load ms | switch ms (max) | request ms base / adapter | adapter MB | "
-           "merged MB | RSS MB before / after | compiles |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "merged MB | RSS MB before / loaded / switched | compiles |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         out.append(f"| {r['case']} | {r['adapted_weights']} | {r['load_ms']:,.0f} | {r['switch_ms']:,.1f} "
                    f"({r['switch_max_ms']:,.1f}) | {r['request_base_ms']:,.0f} / {r['request_adapter_ms']:,.0f} | "
                    f"{r['adapter_mb']:.1f} | {r['merged_mb']:.1f} | {r['rss_before_mb']:,.0f} / "
-                   f"{r['rss_after_mb']:,.0f} | {r['compiles']} |")
+                   f"{r['rss_loaded_mb']:,.0f} / {r['rss_switched_mb']:,.0f} | {r['compiles']} |")
     return "\n".join(out)
 
 
@@ -123,7 +124,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default="flux-shapes,flux512-bf16")
     ap.add_argument("--switches", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--work", default=None, help="work directory (program store); default: a temporary one")
     ap.add_argument("--save", action="store_true", help="also write bench/results/lora.{json,md}")
     args = ap.parse_args()
