@@ -89,7 +89,8 @@ class DiffletPipeline:
                         batch_sizes: list[int] | None = None, parallel: str = "tp1", attention: str | None = None,
                         backend: str = "inductor", target: str = "cpu", profile: dict | None = None,
                         store: str | Path | None = None, cache: str = "off", verbose: bool = False,
-                        log: Callable[[str], Any] | None = None) -> "DiffletPipeline":
+                        log: Callable[[str], Any] | None = None,
+                        **component_files: str | Path) -> "DiffletPipeline":
         """Lower MODEL for these shapes with configs from the checkpoint, plan, compile (or reuse
         from the store) and load; `shapes` ("WxH" / "WxHxF", the first the default) serves several
         sizes from one load; `batch_sizes` (e.g. [1, 2, 4]) compiles the denoiser at those batch
@@ -97,7 +98,11 @@ class DiffletPipeline:
         `pretrained_model_name_or_path`: a diffusers-format directory,
         `hf:ORG/NAME` (local cache, offline) or `random:SEED` (configs from the description).
         `model`: a bundled description name or a .dsl path; None: the family's description, found
-        from the checkpoint's model_index.json (as diffusers' DiffusionPipeline does)."""
+        from the checkpoint's model_index.json (as diffusers' DiffusionPipeline does).
+        `NAME=PATH` (e.g. `transformer="flux1-dev.safetensors"`): that component's weights from a
+        single file in its original layout, converted once into the store by diffusers'
+        `from_single_file` (config from the checkpoint's NAME/config.json); `log` (default print)
+        gets one line while converting."""
         from difflet.codegen.driver import codegen
         from difflet.codegen.manifest import MANIFEST
         from difflet.codegen.store import default_store_dir
@@ -116,10 +121,15 @@ class DiffletPipeline:
         dsl = description_for(weights) if model is None else model_description(model)
         module = lower_file(dsl, overrides, None if weights.startswith("random:") else weights, shapes,
                             batch_sizes)
+        store_root = Path(store) if store is not None else default_store_dir()
+        if component_files:  # the weights become a store directory with the converted components
+            from difflet.codegen.single_file import with_component_files
+
+            weights = str(with_component_files(module, weights, component_files, store_root,
+                                                   log=log or print, verbose=verbose))
         module = optimize(module, parallel=parallel, target=target, backend=backend, attention=attention)
         keys = [[c.name, c.attrs["cache_key"]] for c in module.components()]
         art_key = hashlib.sha256(json.dumps([keys, backend, _weights_fingerprint(weights)]).encode()).hexdigest()
-        store_root = Path(store) if store is not None else default_store_dir()
         art = store_root / "pipelines" / art_key[:32]
         if not (art / MANIFEST).is_file():  # the manifest is written last: present = complete
             codegen(module, weights, art, backend=backend, store=store_root,
