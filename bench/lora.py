@@ -10,7 +10,7 @@ one process:
                from the checkpoint values plus one partial constant update), over --switches alternations;
   request_ms   one request (--steps steps) under the base weights and under an adapter, after its switch
                (an adapter adds nothing per step: the merged weights are the program's constants);
-  adapter_mb   one adapter's factors; merged_mb: the merged copies the served adapter keeps;
+  adapter_mb   one adapter's factors; adapted_mb: the weights a switch rewrites in place (no copy kept);
   rss_mb       the process's resident memory before loading the adapters, after loading them and after
                the switches (before any request, whose activations would blur it);
   compiles     program-store entries written while loading and switching (must be 0).
@@ -99,23 +99,23 @@ def measure(case: str, work: Path, switches: int, steps: int) -> dict:
             return (time.perf_counter() - t0) * 1e3
 
         base_ms, adapter_ms = request(""), request("a:0.8")
-        merged = sum(t.base[f].numel() * t.base[f].element_size() for t in runner.lora._targets for f in t.fqn.values())
+        adapted = sum(t.holder.read_base(f).nbytes for t in runner.lora._targets for f in t.fqn.values())
         return {"case": case, "adapted_weights": len(runner.lora._targets[0].fqn),
                 "load_ms": statistics.median(loads), "switch_ms": statistics.median(times),
                 "switch_max_ms": max(times), "request_base_ms": base_ms, "request_adapter_ms": adapter_ms,
                 "steps": steps, "adapter_mb": runner.lora.adapters["a"].nbytes / 2**20,
-                "merged_mb": merged / 2**20, "rss_before_mb": rss0, "rss_loaded_mb": rss_loaded,
+                "adapted_mb": adapted / 2**20, "rss_before_mb": rss0, "rss_loaded_mb": rss_loaded,
                 "rss_switched_mb": rss_switched,
                 "compiles": sum(1 for _ in store.rglob("*.pt2")) - entries}
 
 
 def table(rows: list[dict]) -> str:
     out = ["| case | adapted weights | load ms | switch ms (max) | request ms base / adapter | adapter MB | "
-           "merged MB | RSS MB before / loaded / switched | compiles |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "adapted MB | RSS MB before / loaded / switched | compiles |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         out.append(f"| {r['case']} | {r['adapted_weights']} | {r['load_ms']:,.0f} | {r['switch_ms']:,.1f} "
                    f"({r['switch_max_ms']:,.1f}) | {r['request_base_ms']:,.0f} / {r['request_adapter_ms']:,.0f} | "
-                   f"{r['adapter_mb']:.1f} | {r['merged_mb']:.1f} | {r['rss_before_mb']:,.0f} / "
+                   f"{r['adapter_mb']:.1f} | {r['adapted_mb']:.1f} | {r['rss_before_mb']:,.0f} / "
                    f"{r['rss_loaded_mb']:,.0f} / {r['rss_switched_mb']:,.0f} | {r['compiles']} |")
     return "\n".join(out)
 

@@ -139,7 +139,6 @@ class CompiledRunner:
         from torch._inductor.package import load_package
 
         self._weights_path = weights_path
-        self._replaced: dict = {}  # constants swapped in by replace_weights (kept alive: user-managed on CPU)
 
         try:
             self._model = load_package(str(program_path))
@@ -164,18 +163,22 @@ class CompiledRunner:
     def weight_names(self) -> list[str]:
         return list(self._model.get_constant_fqns())
 
-    def base_weights(self, names: list[str]) -> dict[str, torch.Tensor]:
-        """The loaded (checkpoint) values of constants `names`, on the host."""
-        if self._constants is not None:
-            return {k: self._constants[k] for k in names}
-        return load_program_weights(self._weights_path, names)
+    def read_base(self, name: str) -> torch.Tensor:
+        """Constant `name`'s value as the weights file holds it (the checkpoint's, never a replacement)."""
+        from safetensors import safe_open
+
+        with safe_open(str(self._weights_path), framework="pt") as f:
+            return f.get_tensor(name)
 
     def replace_weights(self, tensors: dict[str, torch.Tensor]) -> None:
-        """Point constants `tensors` (a partial update, same shapes and dtypes) at new values;
-        the program itself is unchanged (LoRA: difflet/runtime/lora.py)."""
-        on_host = self._constants is not None
-        self._model.load_constants(tensors, check_full_update=False, user_managed=on_host, allow_h2d_copy=not on_host)
-        self._replaced = dict(tensors) if on_host else {}
+        """New values (same shapes and dtypes) for constants `tensors`; the program is unchanged
+        (LoRA: difflet/runtime/lora.py). On CPU the program reads the loaded tensors themselves
+        (user-managed), so they are overwritten in place: no second copy of any weight."""
+        if self._constants is not None:
+            for k, v in tensors.items():
+                self._constants[k].copy_(v)
+        else:
+            self._model.load_constants(tensors, check_full_update=False, user_managed=False, allow_h2d_copy=True)
 
     def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         out = self._model(*tensors)

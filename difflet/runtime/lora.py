@@ -9,8 +9,8 @@ are PEFT's (`LoraLayer.get_delta_weight`: rank, alpha, rank/alpha patterns, rsLo
 Invariants:
 - A program's weights change only through its loaded runner's `replace_weights` (a partial constant
   update, codegen/inductor.py); the cache key, the program files and the compile count never change.
-- Memory: the adapters' factors, plus one merged copy of the weights the served adapter touches
-  (the checkpoint values stay loaded, since every switch starts from them).
+- Memory: the adapters' factors only. A switch overwrites each adapted weight in place with its
+  merge, one weight at a time, from the checkpoint value the weights file holds (page-cached).
 - Weights served under adapter A at scale s are exactly `cast(base.float() + s * delta_A)`, made
   from the base weights each time (never by adding to the last merge), so switching is exact.
 - A file that does not convert, carries keys of a component no adapter can reach here (text
@@ -167,20 +167,26 @@ def read_adapter(name: str, path: str | os.PathLike, module: Module, scale: floa
 
 
 class _EagerWeights:
-    """An uncompiled program module's parameters under the compiled runners' weight interface."""
+    """An uncompiled program module's parameters under the compiled runners' weight interface
+    (the checkpoint values of the weights an adapter may touch are copied once: no file holds them)."""
 
     def __init__(self, module: torch.nn.Module) -> None:
         self.module = module
+        self._base: dict[str, torch.Tensor] = {}
 
     def weight_names(self) -> list[str]:
         return list(self.module.state_dict(keep_vars=True))
 
-    def base_weights(self, names: list[str]) -> dict[str, torch.Tensor]:
-        state = self.module.state_dict(keep_vars=True)
-        return {k: state[k].detach() for k in names}
+    def read_base(self, name: str) -> torch.Tensor:
+        if name not in self._base:
+            self._base[name] = self.module.state_dict()[name].clone()
+        return self._base[name]
 
     def replace_weights(self, tensors: dict[str, torch.Tensor]) -> None:
-        self.module.load_state_dict(tensors, strict=False, assign=True)
+        state = self.module.state_dict()
+        with torch.no_grad():
+            for k, v in tensors.items():
+                state[k].copy_(v)
 
 
 def _weight_holders(program) -> list:
@@ -219,7 +225,6 @@ class _Target:
     component: str
     holder: object
     fqn: dict[str, str]  # component weight key -> program constant FQN
-    base: dict[str, torch.Tensor]  # program constant FQN -> its checkpoint value (never modified)
 
 
 class LoraSwitch:
@@ -247,7 +252,9 @@ class LoraSwitch:
                         raise DiffletError(f"the adapters' layer {keys[0]} is not a weight of the compiled "
                                            f"{comp!r} program", where="--lora")
                     if fqn:
-                        self._targets.append(_Target(comp, holder, fqn, holder.base_weights(list(fqn.values()))))
+                        for name in fqn.values():  # the eager holder copies the checkpoint values now
+                            holder.read_base(name)
+                        self._targets.append(_Target(comp, holder, fqn))
         self.current = ""
         self._running = 0
         self._cond = threading.Condition()
@@ -256,13 +263,11 @@ class LoraSwitch:
         name, _, scale = lora.partition(":")
         adapter = self.adapters.get(name)
         for t in self._targets:
-            merged = {}
-            for key, fqn in t.fqn.items():
-                base = t.base[fqn]
+            for key, fqn in t.fqn.items():  # one weight at a time: the peak is one weight's float32 copy
+                base = t.holder.read_base(fqn)
                 delta = adapter.delta(t.component, key) if adapter is not None else None
-                merged[fqn] = base if delta is None else \
-                    (base.float() + float(scale) * delta).to(base.dtype).contiguous()
-            t.holder.replace_weights(merged)
+                merged = base if delta is None else (base.float() + float(scale) * delta).to(base.dtype)
+                t.holder.replace_weights({fqn: merged.contiguous()})
         self.current = lora
 
     def restore(self) -> None:
