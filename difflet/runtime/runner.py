@@ -121,7 +121,7 @@ class ModelRunner:
                                where="--lora")
         adapters = loaded + [read_adapter(name, path, self.module, scale) for name, path, scale in specs]
         if self.lora is not None:
-            self.lora.restore()  # the switch below reads the base weights back from the programs
+            self.lora.restore()  # an eager program's checkpoint values are read back from its module
         programs = {id(p): (n, p) for env in self.envs.values() for n, p in env.programs.items()}
         probe = (str(self.probe.node.attrs.get("source", "")), self.probe) if self.probe is not None else None
         self.lora = LoraSwitch(adapters, list(programs.values()), probe) if adapters else None

@@ -10,7 +10,7 @@ Invariants:
   for an artifact with shape buckets, one of its served sizes ("WxH"; a video's frame count,
   0 = the profile's at the default size, else the first one served at that size).
 - `lora` names a loaded adapter; resolved it always carries its scale (`NAME:SCALE`), so the model
-  process never needs the servers' load scales.
+  process never needs the server's load scales.
 - The result has every default resolved: it is what the model process runs, unchecked again.
 """
 from __future__ import annotations
