@@ -170,7 +170,7 @@ def test_list_legal_golden(lowered, name):
     ("qwen-image", "tp2cp2", "memory, component transformer", "models/qwen-image.dsl:48:1",
      "legal on trn2 with 4 cores: tp4, tp4+sp"),
     ("flux", "tp4 --component-tp text_encoder_2=3", "component-tp, component text_encoder_2",
-     "models/flux.dsl:41:1", "without --component-tp: tp4"),
+     "models/flux.dsl:40:1", "without --component-tp: tp4"),
 ])
 def test_illegal_plans_exit_2_with_rule_component_location_alternatives(lowered, tmp_path, name,
                                                                         parallel, rule, where, extra):
