@@ -163,7 +163,7 @@ def test_list_legal_golden(lowered, name):
 
 
 @pytest.mark.parametrize("name, parallel, rule, where, extra", [
-    ("ltx2", "tp4+sp", "sp-tokens, component transformer", "models/ltx2.dsl:48:1",
+    ("ltx2", "tp4+sp", "sp-tokens, component transformer", "models/ltx2.dsl:70:1",
      "legal on trn2 with 4 cores: tp4"),
     ("hunyuan-video", "tp2cp2 --attention gather_kv", "masked-equal-qk, component transformer",
      "models/hunyuan-video.dsl:82:5", "tp2cp2 ulysses"),
