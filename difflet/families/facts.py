@@ -17,6 +17,9 @@ Invariants:
   (`vae.cache0_channels`) that no config.json states but the class's structure fixes; they never
   enter the IR (its `config` attr stays what the checkpoint or the description says) and never
   shadow a key the config has (other than as null).
+- `derived_profile` replaces, at lower time, profile values that follow from others as the family's
+  pipeline computes them (so `from_pretrained(num_frames=9)` needs no second, matching number); a
+  value the caller overrides is kept as given (and checked by the host steps).
 """
 from __future__ import annotations
 
@@ -55,6 +58,10 @@ class FamilyFacts:
     description: Callable[[Any], str] = lambda ckpt: ""
     # class -> (its resolved config -> derived keys), read by the frontend's expressions only
     derived_config: Mapping[str, Callable[[Mapping[str, Any]], Mapping[str, Any]]] = field(default_factory=dict)
+    # (profile, class -> resolved config) -> profile values the family's pipeline computes from
+    # others (LTX-2's audio latent frames from the frame count); applied unless given as overrides
+    derived_profile: Callable[[Mapping[str, Any], Mapping[str, Mapping[str, Any]]], Mapping[str, Any]] = \
+        lambda profile, configs: {}
 
 
 def steps(module):

@@ -21,7 +21,7 @@ from difflet.frontend import ast, checks
 from difflet.frontend.checkpoint_config import CheckpointConfigs, resolve_checkpoint_dir
 from difflet.frontend.classes import ClassError, config_keys, count_params, resolve_class
 from difflet.frontend.parse import parse_text
-from difflet.frontend.profile import apply_overrides
+from difflet.frontend.profile import apply_overrides, derive_profile
 from difflet.frontend.shapes import Evaluator, Source, resolve_dtype, with_derived
 from difflet.ir.nodes import Attrs, Module, Node, Op, RuntimeType, TensorType, Value
 
@@ -100,8 +100,10 @@ class _Lowering:
         self.configs = {c.name: self.config(c) for c in model.components}
         from difflet.families import facts
 
-        derive = facts(model.family).derived_config  # expressions also read the derived keys
-        self.ev = Evaluator(src, self.profile, with_derived(self.configs, model.components, derive))
+        family = facts(model.family)
+        configs = with_derived(self.configs, model.components, family.derived_config)  # expressions read these
+        derive_profile(self.profile, overrides, configs, model.components, family.derived_profile)
+        self.ev = Evaluator(src, self.profile, configs)
         self.runtimes: dict[str, RuntimeType] = {}
 
     def config(self, c: ast.ComponentDecl) -> Attrs | None:

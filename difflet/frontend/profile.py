@@ -54,6 +54,14 @@ def apply_overrides(src: Source, model: ast.ModelDecl, overrides: dict[str, str]
     return profile
 
 
+def derive_profile(profile: dict[str, Any], overrides: dict[str, str], configs: dict, components, derive) -> None:
+    """Replace in `profile` the values the family derives from others and the components' configs
+    (`derive`: FamilyFacts.derived_profile, given class -> config), except those in `overrides`."""
+    by_class = {c.qualname: configs[c.name].to_python() for c in components if configs[c.name] is not None}
+    derived = derive(dict(profile), by_class)
+    profile.update({k: v for k, v in derived.items() if k in profile and k not in overrides})
+
+
 def _coerce(src: Source, key: str, raw: str, default: Any, span: ast.Span) -> Any:
     def bad(kind: str) -> DiffletError:
         return DiffletError(f"--profile {key}={raw!r}: expected {kind} like the default {default!r}",
