@@ -89,7 +89,7 @@ def test_held_out_checkpoint_matches_fluxpipeline(held_out):
 
     from difflet import DiffletPipeline
 
-    with DiffletPipeline.from_pretrained(held_out, model="flux", dtype=torch.float32,
+    with DiffletPipeline.from_pretrained(held_out, dtype=torch.float32,  # flux, found from model_index.json
                                          store=shared_store_dir(), **SIZE) as pipe:
         config = pipe.runner.module.component("transformer").attrs["config"]
         assert (config["num_attention_heads"], config["num_layers"], config["joint_attention_dim"]) == (3, 3, 48)

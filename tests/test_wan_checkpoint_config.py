@@ -4,7 +4,8 @@ Oracle: `WanPipeline.from_pretrained(DIR)` on a Wan 2.1 checkpoint whose dimensi
 in models/ states (3 heads of 8, 2 layers, UMT5 d_model 24, a VAE of base_dim 8 with dim_mult
 [1, 2, 3, 3], one resnet per block and its temporal upsamples at other levels than Wan's), built
 from the real diffusers/transformers classes and saved sharded (index files), and
-`DiffletPipeline.from_pretrained(DIR, model="wan2.1")`, which must take every config, and the
+`DiffletPipeline.from_pretrained(DIR)` (no model name: wan2.1 found from model_index.json), which
+must take every config, and the
 VAE's causal-cache channel counts the wan family derives from them, from that checkpoint.
 """
 from __future__ import annotations
@@ -73,7 +74,7 @@ def fine_tune(tmp_path_factory) -> Path:
 def pipe(fine_tune):
     from difflet import DiffletPipeline
 
-    with DiffletPipeline.from_pretrained(fine_tune, model="wan2.1", dtype="float32", store=shared_store_dir(),
+    with DiffletPipeline.from_pretrained(fine_tune, dtype="float32", store=shared_store_dir(),
                                          **SIZE) as p:
         yield p
 
