@@ -23,7 +23,9 @@ from difflet.ir.nodes import Node
 PROGRAM_FILE = "program.pt2"
 CONSTANTS_FILE = "constants.safetensors"
 FQNS_FILE = "constants.json"
-INDUCTOR_CONFIGS = {"aot_inductor.package_constants_in_so": False}
+# always_keep_tensor_constants: inductor otherwise inlines small tensors (a VAE's 3-element conv_out
+# bias, 0-d tensors) into the generated code, so a program would carry one checkpoint's values
+INDUCTOR_CONFIGS = {"aot_inductor.package_constants_in_so": False, "always_keep_tensor_constants": True}
 
 
 def module_tensors(pm: torch.nn.Module) -> dict[str, torch.Tensor]:
