@@ -12,9 +12,9 @@ The original-layout conversion that does work at tiny sizes is Wan 2.1's (a key 
 the test writes the tiny Wan transformer in the original layout with a test-side inverse of
 diffusers' rename, and first checks it against diffusers' own conversion (the oracle).
 The served FLUX image (slow) takes its transformer from a single file in diffusers' layout
-(from_single_file loads it unconverted), against FluxPipeline.from_pretrained(DIR); the Wan
-original-layout file, plain and ComfyUI-prefixed, converts into a checkpoint whose transformer equals
-the original exactly (served from such a directory, it is an ordinary checkpoint).
+(from_single_file loads it unconverted), against FluxPipeline.from_pretrained(DIR); the served Wan
+video (slow) takes it from an original-layout, ComfyUI-prefixed file next to a directory whose
+transformer/ holds only config.json, against WanPipeline.from_pretrained(DIR).
 """
 from __future__ import annotations
 
@@ -258,3 +258,26 @@ def test_served_flux_with_its_transformer_from_a_single_file(flux, tmp_path):
     lines.clear()
     with DiffletPipeline.from_pretrained(ckpt, **kwargs) as pipe:  # the store entry is reused
         assert not any(line.startswith("converting") for line in lines)
+
+
+@pytest.mark.slow  # serves wan2.1-tiny (its programs are reused when test_model_wan ran)
+def test_served_wan_with_its_transformer_from_an_original_layout_file(wan, tmp_path):
+    """The original (ComfyUI-prefixed) layout converted by diffusers and served, against WanPipeline(DIR)."""
+    from diffusers import WanPipeline
+
+    from difflet import DiffletPipeline
+    from oracle_util import assert_images_close
+    from test_model_wan import PROMPT, reference_video
+
+    _, ckpt, want = wan
+    file = _save(_wan_original(want, "model.diffusion_model."), tmp_path / "wan2.1_t2v.safetensors")
+    lines, base = [], _config_only(ckpt, "transformer", tmp_path / "config-only")
+    with DiffletPipeline.from_pretrained(base, model="wan2.1-tiny", transformer=file, store=shared_store_dir(),
+                                         log=lines.append) as ours:
+        frames = np.stack([np.asarray(f) for f in ours(PROMPT, num_inference_steps=2, guidance_scale=3.0,
+                                                       seed=9).frames[0]])
+        ref_pipe = WanPipeline.from_pretrained(str(ckpt))
+        ref_pipe.set_progress_bar_config(disable=True)
+        ref = reference_video(ref_pipe, ours.profile, PROMPT, 9, 2, 3.0)
+    assert sum(line.startswith("converting") for line in lines) == 1
+    assert_images_close(frames, ref, "wan2.1-tiny with its transformer from an original-layout file vs WanPipeline")
