@@ -110,3 +110,11 @@ def check_served_like_tp1(tp1_module, split_art: Path, ckpt, tmp: Path, keys: tu
         print(f"served {what} vs tp1 {key}: max abs {err:.2e}")
         assert err <= tol, f"{what} {key}: max abs {err:.2e}"
     assert states[0]["decoded"].std() > 0.01
+
+
+def io_shape(comp, name: str) -> list[int]:
+    """The shape of component `comp`'s IR input, else output, called `name`."""
+    from difflet.ir.nodes import Op
+
+    found = comp.find(Op.INPUT, name) or comp.find(Op.OUTPUT, name)
+    return list(found[0].results[0].type.shape)

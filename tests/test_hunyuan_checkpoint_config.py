@@ -21,7 +21,7 @@ import torch
 
 from conftest import shared_store_dir
 from difflet.ir.nodes import Op
-from oracle_util import assert_images_close
+from oracle_util import assert_images_close, io_shape as _shape
 
 pytestmark = pytest.mark.slow  # compiles and serves a model: full suite only
 
@@ -108,11 +108,6 @@ def _reference(ckpt: Path) -> np.ndarray:
               num_inference_steps=CALL["num_inference_steps"], guidance_scale=CALL["guidance_scale"],
               output_type="np")
     return (out.frames[0] * 255).round().astype(np.uint8)
-
-
-def _shape(comp, name: str) -> list[int]:
-    return list(comp.find(Op.INPUT, name)[0].results[0].type.shape) if comp.find(Op.INPUT, name) \
-        else list(comp.find(Op.OUTPUT, name)[0].results[0].type.shape)
 
 
 def _heads(transformer) -> list[tuple[int, int]]:

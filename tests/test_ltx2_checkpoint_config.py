@@ -24,7 +24,7 @@ import torch
 
 from conftest import shared_store_dir
 from difflet.ir.nodes import Op
-from oracle_util import assert_images_close
+from oracle_util import assert_images_close, io_shape as _shape
 
 pytestmark = pytest.mark.slow  # compiles and serves a model: full suite only
 
@@ -167,11 +167,6 @@ def _reference(ckpt: Path):
               frame_rate=24.0, stg_scale=0.0, modality_scale=1.0, audio_stg_scale=0.0, audio_modality_scale=1.0,
               output_type="np")
     return (np.asarray(out.frames[0]) * 255).round().astype(np.uint8), out.audio[0].numpy()
-
-
-def _shape(comp, name: str) -> list[int]:
-    return list(comp.find(Op.INPUT, name)[0].results[0].type.shape) if comp.find(Op.INPUT, name) \
-        else list(comp.find(Op.OUTPUT, name)[0].results[0].type.shape)
 
 
 def _heads(transformer) -> list[tuple[int, int]]:

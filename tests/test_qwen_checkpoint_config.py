@@ -20,7 +20,7 @@ import torch
 
 from conftest import shared_store_dir
 from difflet.ir.nodes import Op
-from oracle_util import assert_images_close
+from oracle_util import assert_images_close, io_shape as _shape
 
 pytestmark = pytest.mark.slow  # compiles and serves a model: full suite only
 
@@ -92,11 +92,6 @@ def _reference(ckpt: Path) -> np.ndarray:
               width=SIZE["width"], max_sequence_length=SIZE["max_sequence_length"],
               num_inference_steps=CALL["num_inference_steps"], output_type="np")
     return (np.asarray(out.images[0]) * 255).round().astype(np.uint8)
-
-
-def _shape(comp, name: str) -> list[int]:
-    return list(comp.find(Op.INPUT, name)[0].results[0].type.shape) if comp.find(Op.INPUT, name) \
-        else list(comp.find(Op.OUTPUT, name)[0].results[0].type.shape)
 
 
 def test_checkpoint_is_sharded(fine_tune):

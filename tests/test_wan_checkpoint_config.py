@@ -21,7 +21,7 @@ import torch
 from conftest import shared_store_dir
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Op
-from oracle_util import assert_images_close
+from oracle_util import assert_images_close, io_shape as _shape
 
 pytestmark = pytest.mark.slow  # compiles and serves a model: full suite only
 
@@ -88,11 +88,6 @@ def _reference(ckpt: Path, prompt: str, seed: int, **call) -> np.ndarray:
               width=SIZE["width"], num_frames=SIZE["num_frames"],
               max_sequence_length=SIZE["max_sequence_length"], output_type="np", **call)
     return (out.frames[0] * 255).round().astype(np.uint8)
-
-
-def _shape(comp, name: str) -> list[int]:
-    return list(comp.find(Op.INPUT, name)[0].results[0].type.shape) if comp.find(Op.INPUT, name) \
-        else list(comp.find(Op.OUTPUT, name)[0].results[0].type.shape)
 
 
 def test_checkpoint_is_sharded(fine_tune):

@@ -27,7 +27,8 @@ The DSL in one screen (see models/flux.dsl for a full example):
 
 Values: numbers, "strings", true/false/null, [lists], { maps }, `pkg.Class { config }`
 (-> {class, config}), and integer expressions over profile parameters and component configs
-(`vae.latent_channels`, `len(vae.block_out_channels)`; also keys the description's family
+(`vae.latent_channels`, nested `text_encoder.text_config.hidden_size`,
+`len(vae.block_out_channels)`; also keys the description's family
 derives from a config through the registry, FamilyFacts.derived_config) with + - * / // ** and
 parentheses, where `/` must divide exactly. Config values themselves refer to neither.
 """
