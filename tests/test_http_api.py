@@ -158,6 +158,28 @@ def test_a_passed_deadline_is_504_and_the_server_serves_on(server, oai):
     assert oai.images.generate(prompt=PROMPT, extra_body={"seed": 2}).data[0].b64_json
 
 
+def test_a_deadline_past_the_bound_is_refused_or_clamped_and_the_server_serves_on(server, oai):
+    """Issue 31, finding 1: a deadline of 2,200,000 s (past wait()'s 2**31 ms) ended the replica's
+    supervisor thread, after which no request was ever answered. HTTP and --request-timeout refuse
+    it naming the bound; a gRPC deadline past the bound is clamped to it and served."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from click.testing import CliRunner
+
+    from difflet.runtime.server import main as runtime_main
+
+    _, grpc_address, http_address = server
+    status, reply = call_json(http_address, "POST", "/v1/images/generations", {"prompt": PROMPT, "timeout": 2_200_000})
+    assert status == 400 and reply["error"]["param"] == "timeout", reply
+    assert "<= 604800 (7 days)" in reply["error"]["message"], reply
+    with ThreadPoolExecutor(1) as pool:  # on main this call was never answered: bounded here
+        served = pool.submit(grpc_client.generate, grpc_address, PROMPT, 3, steps=2, timeout=2_200_000)
+        assert served.result(timeout=300).png.startswith(b"\x89PNG")
+    assert oai.images.generate(prompt=PROMPT, extra_body={"seed": 4}).data[0].b64_json  # still serving
+    res = CliRunner().invoke(runtime_main, ["--artifacts", ".", "--request-timeout", "2200000"])
+    assert res.exit_code == 2 and "2200000" in res.output and "604800" in res.output, res.output
+
+
 def test_a_full_queue_is_429_and_shares_the_grpc_queue(server, hold_file):
     _, grpc_address, http_address = server
     # capacity 2 (--queue-size 1, one replica): one running request, held after its first step

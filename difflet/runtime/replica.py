@@ -36,6 +36,7 @@ from difflet.runtime.jobs import Job
 from difflet.runtime.procs import CTX, LIVE, kill_group
 
 START_TIMEOUT_S = 1800.0
+LONGEST_WAIT_S = 3600.0  # wait() overflows past 2**31 ms, which would end the supervisor thread
 
 
 class Replica:
@@ -167,7 +168,9 @@ class Replica:
                     timeouts.append(max(0.0, job.cancel_at + self.grace - now))
                 elif job.deadline is not None:
                     timeouts.append(max(0.0, job.deadline - now) + 0.01)
-            ready = wait([conn, proc.sentinel, self._wake_r], timeout=min(timeouts, default=None))
+            soonest = min(timeouts, default=None)
+            ready = wait([conn, proc.sentinel, self._wake_r],
+                         timeout=None if soonest is None else min(soonest, LONGEST_WAIT_S))
             if self._wake_r in ready:
                 self._drain_wake()
             if conn in ready:

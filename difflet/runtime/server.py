@@ -33,7 +33,7 @@ import click
 
 from difflet.errors import DiffletError
 from difflet.runtime.api_server import DiffletServer
-from difflet.runtime.validate import parse_lora_spec
+from difflet.runtime.validate import MAX_TIMEOUT_S, parse_lora_spec
 
 
 class _Interrupted(BaseException):
@@ -87,7 +87,7 @@ def _adapters(specs: tuple[str, ...]) -> tuple[tuple[str, str, float], ...]:
 @click.option("--host", default="127.0.0.1", show_default=True, help="address to bind")
 @click.option("--queue-size", default=16, show_default=True, type=click.IntRange(0, 100000),
               help="requests that may wait beyond one running per replica; more are refused")
-@click.option("--request-timeout", default=0.0, show_default=True, type=click.FloatRange(0),
+@click.option("--request-timeout", default=0.0, show_default=True, type=click.FloatRange(0, MAX_TIMEOUT_S),
               help="seconds from admission to answer (queue included); 0 = only gRPC deadlines")
 @click.option("--grace", default=10.0, show_default=True, type=click.FloatRange(0),
               help="seconds a cancelled generation may take to stop before its process is killed")

@@ -28,6 +28,7 @@ from difflet.runtime import difflet_pb2 as pb
 from difflet.runtime import difflet_pb2_grpc as pb_grpc
 from difflet.runtime.dispatcher import Rejected
 from difflet.runtime.request import FIELDS
+from difflet.runtime.validate import MAX_TIMEOUT_S
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Difflet"].full_name  # "difflet.v1.Difflet"
 _PROFILE_FIELDS = ("height", "width", "steps", "guidance", "max_text", "dtype")
@@ -84,7 +85,7 @@ class DiffletServicer(pb_grpc.DiffletServicer):
         limits = []
         remaining = context.time_remaining()
         if remaining is not None and remaining < _NO_DEADLINE:
-            limits.append(remaining)
+            limits.append(min(remaining, MAX_TIMEOUT_S))  # a deadline past the bound is the bound
         if self.request_timeout:
             limits.append(self.request_timeout)
         return time.monotonic() + min(limits) if limits else None

@@ -26,6 +26,9 @@ from difflet.errors import DiffletError
 from difflet.runtime.request import Request, check
 
 SIZE_FIELDS = ("height", "width", "frames")
+# The longest deadline a request may ask for: multiprocessing's wait() overflows past 2**31 ms
+# (24.8 days), and no generation runs for a week.
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 
 def _fail(field: str, message: str) -> DiffletError:

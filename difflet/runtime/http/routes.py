@@ -31,6 +31,7 @@ from difflet.runtime.dispatcher import Rejected
 from difflet.runtime.http import fields as F
 from difflet.runtime.http.errors import ApiError, bad_field, from_job, from_rejected
 from difflet.runtime.http.video_routes import VideoRoutes
+from difflet.runtime.validate import MAX_TIMEOUT_S
 
 log = logging.getLogger("difflet.runtime")  # the gRPC servicer's logger: one log for both fronts
 PLAYGROUND = Path(__file__).with_name("playground.html")
@@ -195,8 +196,9 @@ class Handler(VideoRoutes, BaseHTTPRequestHandler):
     def _timeout(self, body) -> float | None:
         value = body.pop("timeout", None) if isinstance(body, dict) else None
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not value > 0):
-            raise bad_field("timeout", f"{value!r} must be a number of seconds > 0")
+                                  or not 0 < value <= MAX_TIMEOUT_S):
+            raise bad_field("timeout", f"{value!r} must be a number of seconds > 0 and <= {MAX_TIMEOUT_S:g} "
+                                       "(7 days)")
         return value
 
     def _client_gone(self) -> bool:
