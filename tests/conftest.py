@@ -13,10 +13,11 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 FLUX_TINY_DSL = REPO / "models" / "flux-tiny.dsl"
 
-# The costliest files, heaviest first (seconds summed over their tests in the cold full suite, three
-# workers on two cores, d981883). Handing these out first (longest-processing-time-first) keeps one
-# worker from starting a 5-10 minute file while the others have run out of work; setup.cfg turns off
-# xdist's own reordering (by number of tests), which put them last. Order only, never which tests run.
+# The costliest files, heaviest first (seconds summed over their tests, three workers on two cores:
+# the cold full suite at d981883, then the quick tier's). Handing these out first (longest-processing-
+# time-first) keeps one worker from starting a 5-10 minute file while the others have run out of
+# work; setup.cfg turns off xdist's own reordering (by number of tests), which put them last. Order
+# only, never which tests run.
 HEAVIEST_FIRST = (
     "test_check_real_size.py",            # 621
     "test_e2e_parallel_videos.py",        # 447
@@ -43,7 +44,13 @@ HEAVIEST_FIRST = (
     "test_hunyuan_checkpoint_config.py",  # 106
     "test_model_qwen_image.py",           # 98
     "test_serving_split.py",              # 93
-    "test_memory_model.py",               # 93
+    # the quick tier's costliest (their seconds there): the family files compile the five tiny
+    # families side by side, then test_memory_model reuses their programs from the store
+    "test_model_ltx2.py",                 # 143
+    "test_model_wan.py",                  # 114
+    "test_graph_checks.py",               # 96
+    "test_model_hunyuan_video.py",        # 79
+    "test_memory_model.py",               # 93 (397 when first: it compiled all five while the others waited)
 )
 
 

@@ -102,6 +102,7 @@ class _Attn(torch.nn.Module):
         return fused(q, k, v, lo, hi, return_stats=self.return_stats)
 
 
+@pytest.mark.slow  # two AOTInductor compiles (about 45 s): not in the quick tier
 @pytest.mark.parametrize("return_stats", [False, True], ids=["out", "stats"])
 def test_one_aot_inductor_program_serves_every_bound(tmp_path, return_stats):
     """Exported and compiled once (as codegen does) at one bound, run at every bound."""

@@ -23,6 +23,7 @@ FOUR = [("tp4", None), ("tp4+sp", None), ("tp2cp2", "ulysses"), ("tp2cp2", "ring
 TWO = [("tp2", None)]
 BF16 = ("tp2cp2", "ulysses")
 TOL = 1e-4
+pytestmark = pytest.mark.slow  # six rank processes on two cores (about 70 s): not in the quick tier
 
 
 def _plan(parallel, attention):

@@ -109,6 +109,7 @@ def _check(got, oracle, what):
     return check_split_outputs(got, oracle, VALID, TOL, what, "valid_text")
 
 
+@pytest.mark.slow  # rank processes on two cores (about 70 s): the full suite runs it, the quick tier not
 @pytest.mark.parametrize("parallel,attention", TWO + FOUR)
 def test_split_equals_unsplit_diffusers_at_every_valid_text(sweep, qwen, parallel, attention):
     ranks = sweep[1] if (parallel, attention) in TWO else sweep[0]
@@ -116,6 +117,7 @@ def test_split_equals_unsplit_diffusers_at_every_valid_text(sweep, qwen, paralle
         _check(got[parallel, attention], qwen[3], f"{parallel} {attention} rank {r}")
 
 
+@pytest.mark.slow  # rank processes on two cores (about 70 s): the full suite runs it, the quick tier not
 @pytest.mark.parametrize("parallel,attention", TWO + FOUR)
 def test_padding_contents_change_nothing(sweep, parallel, attention):
     ranks = sweep[1] if (parallel, attention) in TWO else sweep[0]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from difflet.codegen.split_layout import layout_of
@@ -72,6 +73,7 @@ def _cfg_outputs(ckpt):
         return [prog(*_cfg_call(node, pair)) for pair in PAIRS]
 
 
+@pytest.mark.slow  # four rank processes (about 55 s): not in the quick tier
 def test_tp2_cfg2_true_cfg_equals_unsplit_diffusers_pipeline_combine(difflet_test_store):
     import diffusers
 
