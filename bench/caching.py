@@ -222,7 +222,7 @@ def main() -> None:
 
     from difflet.runtime.runner import ModelRunner
     from difflet.stepcache.calibrate import cadence_budget, calibrate
-    from difflet.stepcache.calibration import write_calibration
+    from difflet.stepcache.calibration_file import write_calibration
 
     work = Path(tempfile.mkdtemp(prefix="difflet-caching-"))
     art = build(args.model, args.weights, args.store, work / "art")

@@ -156,7 +156,7 @@ def test_cache_override_skips_denoiser_calls_and_off_matches_the_default(server)
     assert off.png == plain.png and off.cache == "off"  # same server and request: exact
     assert cached.cache == "cadence:2" and cached.cached_steps == 5
     assert cached.denoiser_calls + cached.cached_steps == 20
-    with pytest.raises(grpc.RpcError) as err:  # a calibration file is checked by the runner
+    with pytest.raises(grpc.RpcError) as err:  # a request names a --calibration, never a file
         client.generate(server, "a red fox", 9, cache="calibrated:/nonexistent.json", timeout=60)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert err.value.details().startswith("cache: ")

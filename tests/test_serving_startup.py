@@ -81,3 +81,21 @@ def test_serving_profile_option_must_match(flux_tiny_art):
 ])
 def test_bad_cache_mode_stops_startup(flux_tiny_art, mode, message):
     assert message in refused(run_server(flux_tiny_art, "--cache", mode))
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("wan", "'wan' is not NAME=FILE"),
+    ("a b=x.json", "calibration name 'a b'"),
+    ("z=/dev/zero", "/dev/zero: not a file of at most 16 MiB"),  # a device is never read
+    ("p=/etc/passwd", "'/etc/passwd' is not JSON"),
+    ("c=CAL", "is given twice"),
+])
+def test_bad_calibration_stops_startup(flux_tiny_art, tmp_path, spec, message):
+    """--calibration is the operator's: its syntax and each file's format are checked before any
+    model process starts (a request can only name what is configured here)."""
+    cal = tmp_path / "cal.json"
+    cal.write_text('{"format": "difflet-stepcache-calibration", "version": 1}')  # what read_calibration checks
+    args = ["--calibration", spec.replace("CAL", str(cal))]
+    if spec.startswith("c="):
+        args += ["--calibration", f"c={cal}"]
+    assert message in refused(run_server(flux_tiny_art, *args))

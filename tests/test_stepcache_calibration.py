@@ -11,8 +11,8 @@ import pytest
 from difflet.errors import DiffletError
 from difflet.stepcache.calibrate import cadence_budget
 from difflet.stepcache.calibration import (CurveFit, check_tied, fit_curve, load_calibration, neighbour_r,
-                                           read_calibration, select_mode, simulate, threshold_for_budget,
-                                           write_calibration)
+                                           select_mode, simulate, threshold_for_budget)
+from difflet.stepcache.calibration_file import read_calibration, write_calibration
 from difflet.stepcache.modes import parse_mode
 
 

@@ -99,7 +99,7 @@ def test_hooks_report_every_step_and_stop_cancels(runner):
 @pytest.fixture(scope="module")
 def calibration_file(runner, tmp_path_factory):
     from difflet.stepcache.calibrate import calibrate
-    from difflet.stepcache.calibration import write_calibration
+    from difflet.stepcache.calibration_file import write_calibration
 
     data = calibrate(runner, ["a cat", "a house by a lake", "red and green stripes"], steps=20)
     path = tmp_path_factory.mktemp("cal") / "cal.json"
@@ -131,7 +131,7 @@ def test_calibrated_mode_runs_the_probe_every_step(runner, calibration_file):
 
 def test_calibration_file_content(calibration_file, runner):
     from difflet.ir.nodes import Op
-    from difflet.stepcache.calibration import read_calibration
+    from difflet.stepcache.calibration_file import read_calibration
 
     data = read_calibration(calibration_file[0])
     assert data["format"] == "difflet-stepcache-calibration" and data["version"] == 1
@@ -184,7 +184,7 @@ def test_calibrated_needs_a_probe(flux_tiny_module, flux_tiny_ckpt, calibration_
 
 def test_target_psnr_threshold_keeps_the_target(runner, tmp_path):
     from difflet.stepcache.calibrate import calibrate
-    from difflet.stepcache.calibration import write_calibration
+    from difflet.stepcache.calibration_file import write_calibration
 
     prompts = ["a cat", "a house by a lake"]
     data = calibrate(runner, prompts, steps=16, target_psnr=30.0)

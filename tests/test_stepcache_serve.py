@@ -1,4 +1,5 @@
-"""A real difflet-runtime serving a video family (wan2.1-tiny) with `--cache calibrated:FILE`.
+"""A real difflet-runtime serving a video family (wan2.1-tiny) with `--calibration wan=FILE --cache
+calibrated:wan`.
 
 Oracles: the reply's own counters (denoiser_calls counts full steps, a CFG step's two program
 calls once; with an infinite threshold every step but the 5 + 5 kept full is cached) and the same server answering every other cache mode per
@@ -6,6 +7,7 @@ request with the programs it loaded (it never compiles: the artifact's files are
 """
 from __future__ import annotations
 
+import grpc
 import pytest
 from click.testing import CliRunner
 
@@ -42,12 +44,19 @@ def _files(root) -> dict[str, tuple[int, int]]:
 def test_server_serves_calibrated_and_every_mode_per_request(wan_probe_art):
     art, cal = wan_probe_art
     before = _files(art)
-    proc = launch_server(art, ("--cache", f"calibrated:{cal}"))
+    proc = launch_server(art, ("--calibration", f"wan={cal}", "--cache", "calibrated:wan"))
     try:
         address = read_line(proc, "listening on ")
         default = grpc_client.generate(address, "a fox in snow", 1, steps=STEPS)
-        assert default.cache.startswith("calibrated:") and default.frames > 0 and default.mp4
-        loose = grpc_client.generate(address, "a fox in snow", 1, steps=STEPS, cache=f"calibrated:{cal}:1e9")
+        assert default.cache == "calibrated:wan" and default.frames > 0 and default.mp4
+        # a request names a configured calibration, never a file: not even the one configured
+        with pytest.raises(grpc.RpcError) as err:
+            grpc_client.generate(address, "a fox in snow", 1, steps=STEPS, cache=f"calibrated:{cal}:1e9")
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.value.details() == (f"cache: calibration {str(cal)!r} is not configured on this server "
+                                       "(configured: wan); the operator names calibration files with "
+                                       "--calibration NAME=FILE")
+        loose = grpc_client.generate(address, "a fox in snow", 1, steps=STEPS, cache="calibrated:wan:1e9")
         # threshold 1e9: every step outside the 5 + 5 kept full is cached
         assert (loose.cached_steps, loose.denoiser_calls) == (STEPS - 10, 10)
         # per-request modes on the same programs; cadence:2 at 14 steps caches steps 6 and 8

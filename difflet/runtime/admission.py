@@ -44,12 +44,13 @@ class Admission:
     process, truncations to report); `check` -> the request alone."""
 
     def __init__(self, info: ArtifactInfo, prompt_policy: str = "truncate",
-                 adapters: dict[str, float] | None = None) -> None:
+                 adapters: dict[str, float] | None = None, calibrations: dict[str, str] | None = None) -> None:
         if prompt_policy not in PROMPT_POLICIES:
             raise DiffletError(f"prompt policy {prompt_policy!r} is not one of {PROMPT_POLICIES}",
                                where="--prompt-policy")
         self.profile = info.profile
         self.adapters = dict(adapters or {})  # the loaded LoRA adapters' names -> load scales
+        self.calibrations = dict(calibrations or {})  # --calibration names -> files; never a request's path
         self.sizes = info.manifest.sizes
         self.prompt_policy = prompt_policy
         self.token_limit, self.limit_encoder = text_limit(info.module)
@@ -74,7 +75,7 @@ class Admission:
     def admit(self, **values: Any) -> tuple[Request, list[Truncation]]:
         """(the resolved request, truncations to report) of field values (None = not given);
         raises DiffletError naming the field."""
-        request = resolve_request(self.profile, self.sizes, self.adapters, **values)
+        request = resolve_request(self.profile, self.sizes, self.adapters, self.calibrations, **values)
         if self.prompt_policy == "strict" and self.limit_encoder:
             n = self.prompt_tokens(request.prompt)
             if n > self.token_limit:

@@ -39,8 +39,10 @@ class DiffletServer:
                  replicas: int = 0, expect: dict | None = None, verify: bool = True,
                  threads: int = 0, prompt_policy: str = "truncate", api_key: str | None = None,
                  tls: tuple[str, str] | None = None, max_batch: int | None = None,
-                 lossless_video: bool = False, loras: tuple[tuple[str, str, float], ...] = ()) -> None:
-        """`loras`: (name, path, scale) of the LoRA adapters each model process loads."""
+                 lossless_video: bool = False, loras: tuple[tuple[str, str, float], ...] = (),
+                 calibrations: dict[str, str] | None = None) -> None:
+        """`loras`: (name, path, scale) of the LoRA adapters each model process loads;
+        `calibrations`: the calibration files requests may name (NAME -> file)."""
         from difflet.runtime.admission import Admission
         from difflet.runtime.dispatcher import Dispatcher
         from difflet.runtime.metrics import Metrics
@@ -49,14 +51,15 @@ class DiffletServer:
         from difflet.runtime.validate import check_cache_mode
 
         self.host, self.port = host, port
-        self.cache = check_cache_mode(cache, field="--cache")
+        self.cache = check_cache_mode(cache, field="--cache")  # the operator's: a name or a file
         self.grace, self.request_timeout, self.queue_size = grace, request_timeout, queue_size
         expect = dict(expect or {})
         self.info = check_artifacts(art, expect)
         # the model processes' imports start now, in the forkserver, beside our own startup
         procs.prestart(model_process.preload_modules(str(self.info.module.attrs.get("family", ""))))
         self.admission = Admission(self.info, prompt_policy=prompt_policy,
-                                   adapters={name: scale for name, _, scale in loras})
+                                   adapters={name: scale for name, _, scale in loras},
+                                   calibrations=calibrations)
         self.metrics = Metrics()
         self.health = health.HealthServicer()
         # a dp-planned artifact (dp2xtp2) is served as dp replicas unless --replicas says otherwise
@@ -69,7 +72,7 @@ class DiffletServer:
         config = {"root": str(art), "cache": self.cache, "threads": threads, "verify": verify,
                   "max_batch": self.max_batch, "cores": core_sets(replicas), "lossless_video": lossless_video,
                   "replicas": replicas,  # replicas: each model process's NeuronCores (neuron_placement)
-                  "loras": [list(spec) for spec in loras]}
+                  "loras": [list(spec) for spec in loras], "calibrations": dict(calibrations or {})}
         self.dispatcher = Dispatcher(config, replicas=replicas, queue_size=queue_size, grace=grace,
                                      precheck=lambda: check_artifacts(art, expect),
                                      metrics=self.metrics, on_health=self._on_health,

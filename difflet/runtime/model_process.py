@@ -93,7 +93,8 @@ def _load(config: dict[str, Any]):
 
     runner = ModelRunner.from_artifacts(config["root"], verify=bool(config.get("verify", True)),
                                         cache=config["cache"], max_batch=int(config.get("max_batch", 1)),
-                                        lossless_video=bool(config.get("lossless_video", False)))
+                                        lossless_video=bool(config.get("lossless_video", False)),
+                                        calibrations=config.get("calibrations"))
     if config.get("loras"):
         runner.load_loras([(name, path, float(scale)) for name, path, scale in config["loras"]])
     return runner

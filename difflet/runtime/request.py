@@ -53,8 +53,8 @@ class Request(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     negative_prompt: Optional[Annotated[str, Meta(description=(
         "true-CFG models: the negative prompt (default: the model family's)"))]] = None
     cache: Annotated[str, Meta(description=(
-        "step-cache override: off | cadence:N | online-delta:ALPHA | calibrated:FILE[:THRESHOLD] "
-        "(default: the server's mode)"))] = ""
+        "step-cache override: off | cadence:N | online-delta:ALPHA | calibrated:NAME[:THRESHOLD] "
+        "(NAME: a server's --calibration; the Python API takes a file) (default: the server's mode)"))] = ""
     lora: Annotated[str, Meta(max_length=96, pattern=r"^$|^[A-Za-z0-9_.-]{1,64}(:[-+]?[0-9]+(\.[0-9]*)?)?$", extra={
         "means": "NAME or NAME:SCALE"}, description=(
         "a LoRA adapter the server loaded (--lora NAME=PATH), at its scale or SCALE in [-8, 8]; "

@@ -82,9 +82,10 @@ class ModelRunner:
     def __init__(self, module: Module, programs: Mapping[str, Callable], host_dir: Path | str,
                  manifest: Manifest | None = None, probe: Callable | None = None,
                  cache: str | None = "off", sizes: list | None = None, max_batch: int = 1,
-                 lossless_video: bool = False) -> None:
+                 lossless_video: bool = False, calibrations: dict[str, str] | None = None) -> None:
         """`sizes`: (size, single-size module, programs) per bucket (Artifacts.sizes());
-        None = `module` and `programs` are the one size. `max_batch`: requests run at once."""
+        None = `module` and `programs` are the one size. `max_batch`: requests run at once.
+        `calibrations`: a server's --calibration NAME -> file, which `calibrated:NAME` reads."""
         from difflet.ir.buckets import batch_of, size_of, unbatched
 
         assets: dict[str, Any] = {}
@@ -104,7 +105,7 @@ class ModelRunner:
         self.manifest = manifest
         self.probe = probe
         self.env.asset("stepcache:probe", lambda: probe)  # per server; its state never read across requests
-        self._plans = PlanResolver(tie_keys(module, self.manifest), probe is not None)
+        self._plans = PlanResolver(tie_keys(module, self.manifest), probe is not None, calibrations)
         self.default_cache = self._plans.resolve(cache)
         self._slots = threading.BoundedSemaphore(self.max_batch)
         self.lora = None  # a LoraSwitch once `load_loras` ran
@@ -133,7 +134,8 @@ class ModelRunner:
 
     @classmethod
     def from_artifacts(cls, root: Path | str, verify: bool = True, cache: str | None = "off",
-                       max_batch: int = 1, lossless_video: bool = False) -> "ModelRunner":
+                       max_batch: int = 1, lossless_video: bool = False,
+                       calibrations: dict[str, str] | None = None) -> "ModelRunner":
         from difflet.codegen.artifacts import load_artifacts
 
         root = Path(root)
@@ -141,7 +143,8 @@ class ModelRunner:
             raise DiffletError("artifact directory does not exist", where=str(root))
         art = load_artifacts(root, verify=verify)  # every program, the probe (role "probe") included
         return cls(art.module, art.programs, art.host_dir, art.manifest, probe=art.probe, cache=cache,
-                   sizes=art.sizes(), max_batch=max_batch, lossless_video=lossless_video)
+                   sizes=art.sizes(), max_batch=max_batch, lossless_video=lossless_video,
+                   calibrations=calibrations)
 
     @property
     def batch_sizes(self) -> tuple[int, ...]:

@@ -33,7 +33,7 @@ import click
 
 from difflet.errors import DiffletError
 from difflet.runtime.api_server import DiffletServer
-from difflet.runtime.validate import MAX_TIMEOUT_S, parse_lora_spec
+from difflet.runtime.validate import MAX_TIMEOUT_S, parse_calibration_spec, parse_lora_spec
 
 
 class _Interrupted(BaseException):
@@ -59,6 +59,33 @@ def _expectations(pairs: tuple[str, ...]) -> dict[str, str]:
         if not sep or not key:
             raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--profile")
         out[key.strip()] = value.strip()
+    return out
+
+
+MAX_CALIBRATION_BYTES = 16 << 20  # a calibration file is a few KB: bound what startup reads
+
+
+def _calibrations(specs: tuple[str, ...]) -> dict[str, str]:
+    """--calibration values as NAME -> absolute file; syntax, duplicates and each file's format are
+    usage errors here (its ties to the artifact are checked by the model process)."""
+    from difflet.stepcache.calibration_file import read_calibration
+
+    out: dict[str, str] = {}
+    for spec in specs:
+        try:
+            name, path = parse_calibration_spec(spec)
+        except DiffletError as err:
+            raise click.BadParameter(err.message, param_hint="--calibration") from None
+        if name in out:
+            raise click.BadParameter(f"calibration name {name!r} is given twice", param_hint="--calibration")
+        if not os.path.isfile(path) or os.path.getsize(path) > MAX_CALIBRATION_BYTES:
+            raise click.BadParameter(f"{path}: not a file of at most {MAX_CALIBRATION_BYTES >> 20} MiB",
+                                     param_hint="--calibration")
+        try:
+            read_calibration(path, "--calibration")
+        except DiffletError as err:
+            raise click.BadParameter(err.message.removeprefix("--calibration: "), param_hint="--calibration") from None
+        out[name] = os.path.abspath(path)
     return out
 
 
@@ -92,7 +119,10 @@ def _adapters(specs: tuple[str, ...]) -> tuple[tuple[str, str, float], ...]:
 @click.option("--grace", default=10.0, show_default=True, type=click.FloatRange(0),
               help="seconds a cancelled generation may take to stop before its process is killed")
 @click.option("--cache", default="off", show_default=True,
-              help="step-cache mode: off | cadence:N | online-delta:ALPHA | calibrated:FILE[:THRESHOLD]")
+              help="step-cache mode: off | cadence:N | online-delta:ALPHA | calibrated:NAME|FILE[:THRESHOLD]")
+@click.option("--calibration", "calibrations", multiple=True, metavar="NAME=FILE",
+              help="a calibration file (`difflet calibrate`) that requests may use as cache "
+                   "`calibrated:NAME` (repeatable); a request never names a file")
 @click.option("--metrics-port", default=None, type=click.IntRange(0, 65535),
               help="serve Prometheus metrics on this port (0 picks one)")
 @click.option("--replicas", default=0, show_default=True, type=click.IntRange(0, 64),
@@ -137,7 +167,7 @@ def main(art: str, port: int, host: str, queue_size: int, request_timeout: float
          expect: tuple[str, ...], no_verify: bool, http_port: int | None, api_key: str | None,
          tls_cert: str | None, tls_key: str | None, http_content_retention: float,
          http_content_mb: int, prompt_policy: str, max_batch: int, loras: tuple[str, ...],
-         lossless_video: bool) -> None:
+         lossless_video: bool, calibrations: tuple[str, ...]) -> None:
     """Serve one compiled profile over gRPC (difflet.v1.Difflet + grpc.health.v1 + reflection)."""
     stop = threading.Event()
     serving = threading.Event()
@@ -162,7 +192,8 @@ def main(art: str, port: int, host: str, queue_size: int, request_timeout: float
                                replicas=replicas, expect=_expectations(expect), verify=not no_verify,
                                threads=threads, prompt_policy=prompt_policy, api_key=api_key,
                                tls=(tls_cert, tls_key) if tls_cert else None, max_batch=max_batch or None,
-                               lossless_video=lossless_video, loras=adapters)
+                               lossless_video=lossless_video, loras=adapters,
+                               calibrations=_calibrations(calibrations))
         bound = server.start()
         click.echo(f"starting on {host}:{bound}")
         if metrics_port is not None:

@@ -35,13 +35,20 @@ def _fail(field: str, message: str) -> DiffletError:
     return DiffletError(f"{field}: {message}", where=field)
 
 
-def check_cache_mode(mode: str, field: str = "cache") -> str:
+def check_cache_mode(mode: str, field: str = "cache", calibrations: Mapping[str, str] | None = None) -> str:
     """The syntax and ranges of a cache mode string (the step-cache package's parser); returns it
-    stripped."""
+    stripped. With `calibrations` (a server's `--calibration` names -> files) a calibrated mode
+    must name one of them: a request never names a file on the server (None: the caller is the
+    operator, as in the Python API, and names a file)."""
     from difflet.stepcache.modes import parse_mode
 
     mode = mode.strip()
-    parse_mode(mode, field)
+    parsed = parse_mode(mode, field)
+    if calibrations is not None and parsed.kind == "calibrated" and parsed.calibration not in calibrations:
+        configured = ", ".join(sorted(calibrations)) or "none"
+        raise _fail(field, f"calibration {parsed.calibration!r} is not configured on this server "
+                           f"(configured: {configured}); the operator names calibration files with "
+                           "--calibration NAME=FILE")
     return mode
 
 
@@ -85,6 +92,16 @@ MAX_LORA_SCALE = 8.0
 ADAPTER_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # also the request field's pattern (request.lora)
 
 
+def parse_calibration_spec(spec: str, field: str = "--calibration") -> tuple[str, str]:
+    """`NAME=FILE` -> (name, file): the name a request's `calibrated:NAME` uses."""
+    name, sep, path = spec.partition("=")
+    if not sep or not path:
+        raise _fail(field, f"{spec!r} is not NAME=FILE")
+    if not ADAPTER_NAME.match(name):
+        raise _fail(field, f"calibration name {name!r}: use 1-64 letters, digits, '_', '-' or '.'")
+    return name, path
+
+
 def parse_lora_spec(spec: str, field: str = "--lora") -> tuple[str, str, float]:
     """`NAME=PATH[:SCALE]` -> (name, path, scale; 1.0 when none), checked for syntax and range."""
     name, sep, rest = spec.partition("=")
@@ -120,10 +137,10 @@ def check_lora(lora: str, adapters: Mapping[str, float], field: str = "lora") ->
 
 
 def resolve_request(profile: Mapping[str, Any], sizes: Sequence[str] = (), adapters: Mapping[str, float] | None = None,
-                    **values: Any) -> Request:
+                    calibrations: Mapping[str, str] | None = None, **values: Any) -> Request:
     """Check one request (field values; None = not given) against `profile`, the served `sizes`
-    of a bucketed artifact and the loaded LoRA `adapters` (name -> load scale), and fill defaults;
-    raises DiffletError naming the field."""
+    of a bucketed artifact, the loaded LoRA `adapters` (name -> load scale) and the configured
+    `calibrations` (check_cache_mode), and fill defaults; raises DiffletError naming the field."""
     request = check(values)
     if len(sizes) > 1:
         height, width, frames = _bucket_size(request.height, request.width, request.frames, profile, sizes)
@@ -135,5 +152,5 @@ def resolve_request(profile: Mapping[str, Any], sizes: Sequence[str] = (), adapt
         steps=int(profile["steps"]) if request.steps is None else request.steps,
         guidance=float(profile["guidance"]) if request.guidance is None else request.guidance,
         request_id=request.request_id or uuid.uuid4().hex[:16],
-        cache=check_cache_mode(request.cache) if request.cache.strip() else "",
+        cache=check_cache_mode(request.cache, calibrations=calibrations) if request.cache.strip() else "",
         lora=check_lora(request.lora, adapters or {}))

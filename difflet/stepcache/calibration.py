@@ -1,7 +1,7 @@
 """Calibration: probe scores vs output changes -> fitted curve, mode selection, threshold, file.
 
 Invariants:
-- A calibration file is JSON with `format` == FORMAT and `version` == VERSION, tied to one
+- A calibration file (calibration_file.py: versioned JSON) is tied to one
   artifact by the probe's and the denoiser's cache keys and the denoiser weights' sha256:
   `check_tied` refuses (DiffletError naming `cache`) a file made for other programs or weights.
 - The curve is numpy.polyfit(score, change, degree) over every recorded (score, change) pair
@@ -13,7 +13,6 @@ Invariants:
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,11 +21,10 @@ from typing import Sequence
 import numpy as np
 
 from difflet.errors import DiffletError
+from difflet.stepcache.calibration_file import read_calibration
 from difflet.stepcache.controller import CurveFit, StepCache
 from difflet.stepcache.modes import CacheMode
 
-FORMAT = "difflet-stepcache-calibration"
-VERSION = 1
 MIN_R2 = 0.5
 MIN_NEIGHBOUR_R = 0.5
 
@@ -101,27 +99,6 @@ def select_mode(r2: float, nr: float) -> str:
     if nr >= MIN_NEIGHBOUR_R:
         return "online-delta"
     return "cadence"
-
-
-def write_calibration(path: Path | str, data: dict) -> None:
-    data = {"format": FORMAT, "version": VERSION, **data}
-    Path(path).write_text(json.dumps(data, indent=1))
-
-
-def read_calibration(path: Path | str, field: str = "cache") -> dict:
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise DiffletError(f"{field}: calibration file {str(path)!r} does not exist", where=field) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise DiffletError(f"{field}: calibration file {str(path)!r} is not JSON: {err}", where=field) from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise DiffletError(f"{field}: {str(path)!r} is not a Difflet calibration file", where=field)
-    if data.get("version") != VERSION:
-        raise DiffletError(f"{field}: calibration file version {data.get('version')!r} is not {VERSION}; "
-                           "re-run `difflet calibrate`", where=field)
-    return data
 
 
 def check_tied(data: dict, keys: dict, field: str = "cache") -> None:

@@ -43,7 +43,7 @@ def calibrate_cmd(art, prompts_file, steps, output, degree, per_step, target_ski
     """Record probe scores and output changes without caching, fit the curve, pick a mode."""
     from difflet.runtime.runner import ModelRunner
     from difflet.stepcache.calibrate import calibrate
-    from difflet.stepcache.calibration import write_calibration
+    from difflet.stepcache.calibration_file import write_calibration
 
     prompts = read_prompts(prompts_file)
     if target_skips is not None and target_skips < 0:

@@ -11,11 +11,12 @@ Invariants:
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from difflet.errors import DiffletError
-from difflet.stepcache.calibration import Calibration, calibration_from, check_tied, read_calibration
+from difflet.stepcache.calibration import Calibration, calibration_from, check_tied
+from difflet.stepcache.calibration_file import read_calibration
 from difflet.stepcache.controller import StepCache
 from difflet.stepcache.modes import CacheMode, parse_mode
 
@@ -41,15 +42,18 @@ OFF = CachePlan(CacheMode())
 class PlanResolver:
     """Mode strings -> CachePlans for one artifact; calibration files are read once per (path, mtime)."""
 
-    def __init__(self, tie_keys: dict | None, has_probe: bool) -> None:
+    def __init__(self, tie_keys: dict | None, has_probe: bool, names: dict[str, str] | None = None) -> None:
         self.tie_keys = tie_keys or {}
         self.has_probe = has_probe
+        self.names = dict(names or {})  # a server's --calibration NAME -> file: `calibrated:NAME`
         self._files: dict[tuple[str, float], dict] = {}  # checked file data
 
     def resolve(self, text: str | None, field: str = "cache") -> CachePlan:
         mode = parse_mode(text, field)
         if mode.kind != "calibrated":
             return CachePlan(mode)
+        if mode.calibration in self.names:
+            mode = replace(mode, calibration=self.names[mode.calibration])
         if not self.has_probe:
             raise DiffletError(f"{field}: calibrated caching needs a probe program; build the artifact "
                                "from `difflet opt --probe separate`", where=field)
