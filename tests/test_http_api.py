@@ -8,7 +8,9 @@ equality is right: any difference is a different request reaching the model).
 from __future__ import annotations
 
 import base64
+import json
 import io
+import re
 import subprocess
 import sys
 
@@ -77,6 +79,10 @@ def test_n_images_use_consecutive_seeds_and_url_replies_are_served(server, oai):
         status, headers, png = call(http_address, "GET", item.url.split(http_address, 1)[1])
         assert status == 200 and headers["Content-Type"] == "image/png"
         assert png == grpc_client.generate(grpc_address, PROMPT, seed, steps=2, timeout=300).png
+    # issue 31 finding 7: ids were img-PREFIX-N (the next client's content one counter away); each
+    # is now 128 random bits (22 url-safe characters)
+    ids = [item.url.rsplit("/", 1)[1].removesuffix(".png") for item in reply.data]
+    assert all(re.fullmatch(r"img-[A-Za-z0-9_-]{22}", i) for i in ids) and ids[0] != ids[1], ids
 
 
 def test_jpeg_output_and_the_model_card(server, oai):
@@ -117,7 +123,10 @@ def test_stream_reports_every_step_then_the_image(server):
     ({"response_format": "xml"}, "response_format", "response_format: 'xml' is not b64_json or url"),
     ({"output_format": "gif"}, "output_format", "output_format: 'gif' is not one of png, jpeg, webp"),
     ({"cache": "sometimes"}, "cache", "cache: unknown cache mode 'sometimes'"),
-    ({"cache": "calibrated:/nonexistent.json"}, "cache", "cache: "),
+    # issue 31 finding 2: a request's cache named any server file (/dev/zero read until memory ran
+    # out, /etc a 500, /etc/passwd "is not JSON"); now nothing is read and every path is refused alike
+    *[({"cache": f"calibrated:{path}"}, "cache", f"cache: calibration {path!r} is not configured on this server "
+       "(configured: none)") for path in ("/nonexistent.json", "/dev/zero", "/etc", "/etc/passwd")],
     ({"stream": "yes"}, "stream", "stream: must be true or false"),
     ({"timeout": 0}, "timeout", "timeout: 0 must be a number of seconds > 0"),
     ({"steps": 3}, "steps", "steps: unknown field"),
@@ -129,6 +138,20 @@ def test_every_bad_field_is_a_400_naming_it(server, body, param, message):
     assert status == 400, reply
     assert reply["error"]["param"] == param and reply["error"]["type"] == "invalid_request_error"
     assert reply["error"]["message"].startswith(message), reply
+
+
+@pytest.mark.parametrize("content_type,body,param", [
+    ("application/json", b"[" * 1000 + b"]" * 1000, None),  # RecursionError in json.loads
+    ("multipart/form-data; boundary=b", b"--b\r\nContent-Disposition: form-data; name=prompt\r\n"
+     b"Content-Type: multipart/mixed; boundary=c\r\n\r\n--c\r\n\r\nx\r\n--c--\r\n--b--\r\n", "prompt"),
+])
+def test_malformed_bodies_are_400_without_exception_text(server, content_type, body, param):
+    """Issue 31 finding 9: JSON nested 1,000 deep and a multipart field that is itself multipart
+    were 500s carrying the Python exception (RecursionError, AttributeError)."""
+    status, _, data = call(server[2], "POST", "/v1/images/generations", body, headers={"Content-Type": content_type})
+    reply = json.loads(data)
+    assert status == 400 and reply["error"]["param"] == param, reply
+    assert "Error" not in reply["error"]["message"], reply
 
 
 def test_refusals_keep_the_openai_shape_and_are_counted(server, oai):

@@ -169,3 +169,49 @@ def test_content_store_retention_and_disk_bound(tmp_path):
         assert short.get("late") is None and not (short.root / "late").exists()
     finally:
         short.close()
+
+
+# One video job through VideoJobs' real watcher, answered as a model process answers it (Job.finish
+# with a result dict holding the MP4), over a real ContentStore; the dispatcher's own `events`
+# (a job without a deadline never touches the dispatcher itself). Run in a child process so the
+# file-size limit that makes the write fail is its own.
+_DISK_FULL = r"""
+import resource, signal, sys, time
+from types import SimpleNamespace
+from difflet.runtime.dispatcher import Dispatcher
+from difflet.runtime.http.content import ContentStore
+from difflet.runtime.http.videos import VideoJobs
+from difflet.runtime.jobs import Job
+from difflet.runtime.request import Request
+
+def run(store_bytes, fsize):
+    store = ContentStore(retention_s=3600, max_bytes=store_bytes)
+    jobs = VideoJobs(SimpleNamespace(events=lambda job: Dispatcher.events(None, job)), store, 3600)
+    job = Job(Request(prompt="x", seed=1, steps=2), None)
+    video = jobs.add(job, "m", "32x32", 9, 16.0)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit is EFBIG, not a signal
+    resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, resource.RLIM_INFINITY))
+    job.progress(1, 2, False, 0)
+    job.finish("ok", "", {"mp4": bytes(5000)})
+    deadline = time.monotonic() + 60
+    while video.status != "failed" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    files = [p.name for p in store.root.iterdir()]
+    print(video.status, video.error["code"], len(job.result["mp4"]), files, store.used_bytes())
+    store.close()
+
+run(10**6, 1000)   # the disk refuses the write (as ENOSPC would)
+run(1000, 10**9)   # the file is over the store's bound
+"""
+
+
+def test_a_disk_error_or_an_oversized_video_fails_the_job_and_frees_its_bytes():
+    """Issue 31 findings 5 and 8: a failed MP4 write killed the job's watcher (the job stayed
+    in_progress at 99% forever, a 0-byte file stayed), and a failed job kept its MP4 bytes in
+    memory for the whole retention time."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _DISK_FULL], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["failed storage_error 0 [] 0", "failed content_too_large 0 [] 0"], out.stdout

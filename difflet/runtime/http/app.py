@@ -11,7 +11,6 @@ Invariants:
 from __future__ import annotations
 
 import io
-import itertools
 import secrets
 import ssl
 import threading
@@ -45,8 +44,6 @@ class HttpApi:
         self.guidance_kind = guidance_mode(info.module)
         self.content = ContentStore(content_retention_s, content_max_bytes)
         self.videos = VideoJobs(dispatcher, self.content, content_retention_s)
-        self._ids = itertools.count()
-        self._prefix = secrets.token_hex(4)
         self._httpd: _Server | None = None
         self.address = ""
 
@@ -70,7 +67,9 @@ class HttpApi:
         self.content.close()
 
     def new_id(self, kind: str) -> str:
-        return f"{kind}-{self._prefix}-{next(self._ids)}"
+        """128 random bits: an id is the only handle on a job's content, so it must not be guessed
+        (a counter let a client fetch, cancel or collide with the next client's job)."""
+        return f"{kind}-{secrets.token_urlsafe(16)}"
 
     def model_card(self) -> dict:
         p = self.info.profile

@@ -39,7 +39,11 @@ class ContentStore:
         with self._lock:
             while self._used + len(data) > self.max_bytes and self._files:
                 evicted.append(self._drop(next(iter(self._files))))
-            (self.root / name).write_bytes(data)
+            try:
+                (self.root / name).write_bytes(data)
+            except OSError:  # a full disk (ENOSPC): no partial file stays behind
+                (self.root / name).unlink(missing_ok=True)
+                raise
             self._files[name] = (len(data), time.monotonic() + self.retention_s)
             self._used += len(data)
         self._wake.set()

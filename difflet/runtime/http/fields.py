@@ -12,6 +12,7 @@ Invariants:
 """
 from __future__ import annotations
 
+import json
 import math
 import secrets
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 from difflet.errors import DiffletError
 from difflet.runtime.http.errors import ApiError, bad_field, from_admission
 from difflet.runtime.request import FIELDS, names
+from difflet.runtime.validate import MAX_TIMEOUT_S
 
 MAX_N = 10
 IMAGE_FORMATS = ("png", "jpeg", "webp")
@@ -31,6 +33,27 @@ VIDEO_FIELDS = COMMON + tuple(HTTP_NAME[f] for f in VIDEO_ONLY) + ("seconds", "f
 
 FORM_INTS = ("n", *(HTTP_NAME[f.name] for f in FIELDS if f.kind is int and HTTP_NAME.get(f.name, "size") != "size"))
 FORM_NUMBERS = ("fps", "timeout", *(HTTP_NAME[f.name] for f in FIELDS if f.kind is float and f.name in HTTP_NAME))
+
+
+def decode_body(content_type: str, raw: bytes) -> Any:
+    """A request body -> its JSON value (a multipart form as the dict of its fields)."""
+    if content_type.startswith("multipart/form-data"):  # what the openai package sends to POST /videos
+        return form_fields(content_type, raw)
+    try:
+        return json.loads(raw or b"null")
+    except ValueError as err:
+        raise ApiError(400, f"the body is not JSON: {err}", code="invalid_json") from None
+    except RecursionError:  # 2 KB of '[' is enough: a client's mistake, not a server error
+        raise ApiError(400, "the body is JSON nested too deeply", code="invalid_json") from None
+
+
+def timeout(body) -> float | None:
+    """The body's `timeout` (taken out of it): seconds, within the deadline bound."""
+    value = body.pop("timeout", None) if isinstance(body, dict) else None
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or not 0 < value <= MAX_TIMEOUT_S):
+        raise bad_field("timeout", f"{value!r} must be a number of seconds > 0 and <= {MAX_TIMEOUT_S:g} (7 days)")
+    return value
 
 
 def form_fields(content_type: str, raw: bytes) -> dict[str, Any]:
@@ -50,6 +73,8 @@ def form_fields(content_type: str, raw: bytes) -> dict[str, Any]:
             continue
         if part.get_filename() is not None:
             raise bad_field(name, "file inputs are not served (text-to-image/video only)")
+        if part.is_multipart():  # its payload is parts, not a value
+            raise bad_field(name, "a nested multipart part is not a field value")
         text = part.get_payload(decode=True).decode("utf-8", "replace")
         try:
             out[name] = int(text) if name in FORM_INTS else float(text) if name in FORM_NUMBERS \

@@ -18,6 +18,7 @@ import base64
 import hmac
 import json
 import logging
+import secrets
 import select
 import socket
 import ssl
@@ -31,7 +32,6 @@ from difflet.runtime.dispatcher import Rejected
 from difflet.runtime.http import fields as F
 from difflet.runtime.http.errors import ApiError, bad_field, from_job, from_rejected
 from difflet.runtime.http.video_routes import VideoRoutes
-from difflet.runtime.validate import MAX_TIMEOUT_S
 
 log = logging.getLogger("difflet.runtime")  # the gRPC servicer's logger: one log for both fronts
 PLAYGROUND = Path(__file__).with_name("playground.html")
@@ -83,14 +83,7 @@ class Handler(VideoRoutes, BaseHTTPRequestHandler):
         if int(length) > MAX_BODY:
             self.close_connection = True
             raise ApiError(413, f"the body is {length} bytes, at most {MAX_BODY}", code="too_large")
-        raw = self.rfile.read(int(length))
-        ctype = self.headers.get("Content-Type", "")
-        if ctype.startswith("multipart/form-data"):  # what the openai package sends to POST /videos
-            return F.form_fields(ctype, raw)
-        try:
-            return json.loads(raw or b"null")
-        except ValueError as err:
-            raise ApiError(400, f"the body is not JSON: {err}", code="invalid_json") from None
+        return F.decode_body(self.headers.get("Content-Type", ""), self.rfile.read(int(length)))
 
     def _authorized(self, path: str) -> bool:
         key = self.api.api_key
@@ -115,8 +108,11 @@ class Handler(VideoRoutes, BaseHTTPRequestHandler):
             self._error(err)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
-        except Exception as err:  # a bug, not the client's mistake: an OpenAI-shaped 500
-            self._error(ApiError(500, f"{type(err).__name__}: {err}", "server_error", None, "internal"))
+        except Exception:  # a bug, not the client's mistake: an OpenAI-shaped 500 without its text
+            incident = secrets.token_hex(8)
+            log.exception("HTTP %s %s failed (incident %s)", method, path, incident)
+            self._error(ApiError(500, f"internal error (incident {incident}, in the server log)",
+                                 "server_error", None, "internal"))
 
     def _match(self, method: str, p: list[str]):
         routes = {("GET", 1, ""): self.playground, ("GET", 1, "health"): self.health,
@@ -193,14 +189,6 @@ class Handler(VideoRoutes, BaseHTTPRequestHandler):
             self.api.metrics.rejected("invalid_argument")
             raise
 
-    def _timeout(self, body) -> float | None:
-        value = body.pop("timeout", None) if isinstance(body, dict) else None
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not 0 < value <= MAX_TIMEOUT_S):
-            raise bad_field("timeout", f"{value!r} must be a number of seconds > 0 and <= {MAX_TIMEOUT_S:g} "
-                                       "(7 days)")
-        return value
-
     def _client_gone(self) -> bool:
         sock = self.connection
         if isinstance(sock, ssl.SSLSocket):  # no peeking under TLS: such a call runs to its answer
@@ -227,7 +215,7 @@ class Handler(VideoRoutes, BaseHTTPRequestHandler):
             raise ApiError(400, f"model: {api.model_id!r} is a video model; use POST /v1/videos",
                            param="model", code="wrong_route")
         body = self._body()
-        timeout = self._parse(self._timeout, body)
+        timeout = self._parse(F.timeout, body)
         fields, opts = self._parse(F.image_request, body, api.info)
         if opts["stream"]:
             return self._images_stream(fields, opts, timeout)

@@ -1,5 +1,5 @@
 """The `/v1/videos` routes, mixed into the HTTP `Handler` (which provides `api`, `_body`,
-`_parse`, `_timeout`, `_submit`, `_json`, `_send`, `_sse`).
+`_parse`, `_submit`, `_json`, `_send`, `_sse`).
 
 Invariant: a video job is admitted exactly like an image request (same Admission, same
 Dispatcher queue); the job store (`videos.py`) owns its life after admission.
@@ -19,7 +19,7 @@ class VideoRoutes:
             raise ApiError(400, f"model: {api.model_id!r} is an image model; use POST "
                                 f"/v1/images/generations", param="model", code="wrong_route")
         body = self._body()
-        timeout = self._parse(self._timeout, body)
+        timeout = self._parse(F.timeout, body)
         fields, spelled = self._parse(F.video_request, body, api.info, api.fps)
         job = self._submit(fields, api.new_id("video"), timeout, spelled)
         video = api.videos.add(job, api.model_id, f"{job.fields.width}x{job.fields.height}",

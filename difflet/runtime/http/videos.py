@@ -7,7 +7,8 @@ Invariants:
 - status: queued -> in_progress (dispatched to a model process) -> completed | failed;
   `progress` (0-100) rises with the per-step events and is 100 only when completed. A job
   whose model process dies is failed (error code "unavailable", the dispatcher's message);
-  it is never retried behind the client's back. Every accepted job ends completed or failed.
+  it is never retried behind the client's back. Every accepted job ends completed or failed (a
+  full disk fails it as `storage_error`); its MP4 bytes live in the content store only.
 - Records and their MP4 are kept `retention_s` after the job ended, and the MP4s together
   within the content store's byte bound; then the record is deleted (GET answers 404).
 - `changed` is notified on every record change (what the SSE route waits on).
@@ -107,10 +108,15 @@ class VideoJobs:
                 _, step, total, _, _ = event
                 self._update(video, status="in_progress", progress=min(99, step * 100 // max(1, total)))
         if job.code == "ok":
+            mp4, job.result["mp4"] = job.result["mp4"], b""  # the store holds it from here, or no one
             try:
-                self.store.put(video.id + ".mp4", job.result["mp4"])
+                self.store.put(video.id + ".mp4", mp4)
             except ValueError as err:
                 self._end(video, "failed", {"code": "content_too_large", "message": str(err)})
+                return
+            except OSError as err:  # the disk is full or failing: a failed job, never a stuck one
+                self._end(video, "failed", {"code": "storage_error", "message":
+                                            f"the video could not be stored ({err.strerror or err})"})
                 return
             self._end(video, "completed", None)
         else:
