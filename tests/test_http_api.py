@@ -109,6 +109,9 @@ def test_stream_reports_every_step_then_the_image(server):
     ({}, "prompt", "prompt: is required"),
     ({"prompt": ""}, "prompt", "prompt: must be a non-empty string"),
     ({"prompt": 5}, "prompt", "prompt: must be a string"),
+    # issue 31 finding 4: length is refused before any tokenizer counts it (1 MiB took seconds)
+    ({"prompt": "x" * 100000}, "prompt", "prompt: is 100000 characters, at most 32768"),
+    ({"negative_prompt": "x" * 32769}, "negative_prompt", "negative_prompt: is 32769 characters, at most 32768"),
     ({"n": 0}, "n", "n: 0 is outside [1, 10]"),
     ({"n": 11}, "n", "n: 11 is outside [1, 10]"),
     ({"size": "64x64"}, "size", "size: 64x64 is not served"),

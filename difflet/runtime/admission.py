@@ -9,8 +9,9 @@ Invariants:
   (gRPC details read "steps: 0 is outside [1, 1000]"); the service maps it to INVALID_ARGUMENT.
 - Prompt policy `truncate` (the default): every text encoder truncates the prompt (and a set
   negative prompt, on true-CFG models) at its compiled max_length, as the family's reference
-  pipeline does (right side, special tokens and template positions included); nothing is refused
-  for length, since no reference pipeline refuses a long prompt. `admit` returns one
+  pipeline does (right side, special tokens and template positions included); nothing under the
+  schema's MAX_PROMPT_CHARS is refused for length, since no reference pipeline refuses a long
+  prompt (that bound is checked before any tokenizer runs). `admit` returns one
   `Truncation` per encoder that drops tokens (which encoder, tokens kept of how many), counted
   on the host's own tokenizer.json, so the reply can say what the model did not read.
 - Prompt policy `strict`: a prompt longer than the longest text encoder's max_length less the

@@ -31,12 +31,15 @@ from msgspec import Meta
 from difflet.errors import DiffletError
 
 MAX_SEED = 2**63 - 1
+# Far past what any family's text encoder reads (1024 tokens at most), and checked before a
+# tokenizer sees the text: a 1 MiB prompt took seconds and hundreds of MB to count (issue 31 finding 4)
+MAX_PROMPT_CHARS = 32768
 
 
 class Request(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One generation request; unset markers (None, 0, "") mean the server's or profile's default."""
 
-    prompt: Annotated[str, Meta(pattern=r"\S", extra={"means": "a non-empty string"}, description=(
+    prompt: Annotated[str, Meta(pattern=r"\S", max_length=MAX_PROMPT_CHARS, extra={"means": "a non-empty string"}, description=(
         "the text to generate from; each text encoder truncates it at its compiled max_length"))]
     seed: Annotated[int, Meta(ge=0, le=MAX_SEED, description=(
         "seeds a CPU torch.Generator exactly like the reference pipeline"))] = 0
@@ -50,7 +53,7 @@ class Request(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         "one of the served sizes (0 = the default size)"))] = 0
     frames: Annotated[int, Meta(ge=0, extra={"api": "num_frames", "http": "num_frames"}, description=(
         "video: a frame count served at this size (0 = the size's default)"))] = 0
-    negative_prompt: Optional[Annotated[str, Meta(description=(
+    negative_prompt: Optional[Annotated[str, Meta(max_length=MAX_PROMPT_CHARS, description=(
         "true-CFG models: the negative prompt (default: the model family's)"))]] = None
     cache: Annotated[str, Meta(description=(
         "step-cache override: off | cadence:N | online-delta:ALPHA | calibrated:NAME[:THRESHOLD] "
