@@ -13,52 +13,6 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 FLUX_TINY_DSL = REPO / "models" / "flux-tiny.dsl"
 
-# The costliest files, heaviest first (seconds summed over their tests, three workers on two cores:
-# the cold full suite at d981883, then the quick tier's). Handing these out first (longest-processing-
-# time-first) keeps one worker from starting a 5-10 minute file while the others have run out of
-# work; setup.cfg turns off xdist's own reordering (by number of tests), which put them last. Order
-# only, never which tests run.
-HEAVIEST_FIRST = (
-    "test_check_real_size.py",            # 621
-    "test_e2e_parallel_videos.py",        # 447
-    "test_split_hunyuan.py",              # 400
-    "test_split_ltx2.py",                 # 394
-    "test_split_wan.py",                  # 375
-    "test_shape_buckets.py",              # 329
-    "test_serving_documented.py",         # 278
-    "test_e2e_demo.py",                   # 264
-    "test_shape_buckets_families.py",     # 250
-    "test_cfg_parallel.py",               # 221
-    "test_wan_checkpoint_config.py",      # 203
-    "test_e2e_parallel_images.py",        # 202
-    "test_single_file.py",                # 181
-    "test_ltx2_checkpoint_config.py",     # 171
-    "test_split_compiled.py",             # 153
-    "test_bf16.py",                       # 139
-    "test_python_script.py",              # 134
-    "test_serving_dp.py",                 # 128
-    "test_python_api.py",                 # 120
-    "test_batching.py",                   # 120
-    "test_http_api.py",                   # 113
-    "test_qwen_checkpoint_config.py",     # 107
-    "test_hunyuan_checkpoint_config.py",  # 106
-    "test_model_qwen_image.py",           # 98
-    "test_serving_split.py",              # 93
-    # the quick tier's costliest (their seconds there): the family files compile the five tiny
-    # families side by side, then test_memory_model reuses their programs from the store
-    "test_model_ltx2.py",                 # 143
-    "test_model_wan.py",                  # 114
-    "test_graph_checks.py",               # 96
-    "test_model_hunyuan_video.py",        # 79
-    "test_memory_model.py",               # 93 (397 when first: it compiled all five while the others waited)
-)
-
-
-def pytest_collection_modifyitems(items):
-    """Files of HEAVIEST_FIRST first, in its order; every other file after, in collection order."""
-    rank = {name: i for i, name in enumerate(HEAVIEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: tests keep their order
-
 
 def shared_store_dir() -> Path:
     """The program store shared by all tests (compiled programs survive across runs)."""
