@@ -15,8 +15,11 @@ Three checks, each able to fail on its own:
 from __future__ import annotations
 
 import ast
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from difflet.runtime import client
@@ -105,8 +108,12 @@ def _torch_maps(pid: int) -> list[str]:
     return sorted({ln.split()[-1] for ln in lines if "/torch/" in ln or "libtorch" in ln})
 
 
-def test_running_server_maps_no_torch_while_its_model_process_does(flux_tiny_art):
-    proc, address = start_server(flux_tiny_art)
+def test_running_server_maps_no_torch_while_its_model_process_does(flux_tiny_art, tmp_path):
+    """... and leaves nothing in its TMPDIR: every model process extracted each program's
+    AOTInductor package into TMPDIR/aotinductor_* (2 MB+ each), which a killed process (crash,
+    grace timeout) never removed: its loaders' destructors never ran. One is killed here."""
+    (tmp_path / "tmp").mkdir()
+    proc, address = start_server(flux_tiny_art, env={"TMPDIR": str(tmp_path / "tmp")})
     try:
         reply = client.generate(address, "a red fox in snow", 3, timeout=300)
         assert reply.png[:8] == b"\x89PNG\r\n\x1a\n"  # the API process ran a full request
@@ -115,8 +122,18 @@ def test_running_server_maps_no_torch_while_its_model_process_does(flux_tiny_art
         rss_kib = next(int(ln.split()[1]) for ln in Path(f"/proc/{proc.pid}/status").read_text()
                        .splitlines() if ln.startswith("VmRSS:"))
         print(f"difflet-runtime pid {proc.pid}: VmRSS {rss_kib / 1024:.0f} MiB")
+        os.kill(reply.model_pid, signal.SIGKILL)
+        deadline = time.monotonic() + 300
+        while not any(p.pid not in (0, reply.model_pid) and p.state == "ready"  # its replacement
+                      for p in client.get_profile(address, timeout=30).serving.processes):
+            assert time.monotonic() < deadline, "no replacement model process"
+            time.sleep(0.2)
+        again = client.generate(address, "a red fox in snow", 3, timeout=300)
+        assert again.model_pid != reply.model_pid and again.png == reply.png
     finally:
         assert stop_server(proc) == 0
     assert reply.model_pid != proc.pid
     assert any("libtorch" in m for m in model_maps), "positive control: the model process maps torch"
     assert api_maps == [], api_maps
+    left = [p.name for p in (tmp_path / "tmp").iterdir() if p.name.startswith(("aotinductor_", "difflet-model"))]
+    assert left == [], left

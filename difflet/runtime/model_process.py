@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import threading
 import time
 from typing import Any, Callable
@@ -152,6 +153,9 @@ def _run(conn, runner, run: msg.Run, should_stop: Callable, compiles: list[int],
 def serve(conn, config: dict[str, Any]) -> None:
     """Process entry point: load, warm up, report, then serve Run messages until Stop or EOF."""
     os.setpgrp()  # its own process group: a kill also reaches rank workers it started
+    if config.get("tmpdir"):  # the supervisor removes it after our exit, which no destructor outlives
+        os.environ["TMPDIR"] = config["tmpdir"]
+        tempfile.tempdir = None
     if config.get("cores"):  # its replica's cores; rank workers it starts inherit them
         os.sched_setaffinity(0, config["cores"])
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -18,12 +18,15 @@ Invariants:
 - Model processes are not daemonic (a split program's model process starts rank workers); each
   leads its own process group, and every path that ends one (stop, crash, grace timeout, a
   failed start) SIGKILLs that whole group and joins the process, so no model process or rank
-  worker outlives its replica.
+  worker outlives its replica. Each process runs with its own TMPDIR, removed on that same path:
+  what its loaders extract (AOTInductor packages, 2 MB+ per program) never outlives it.
 - Messages are `messages` Structs; a message that does not decode is treated as a broken
   process (killed and replaced), never read with defaults.
 """
 from __future__ import annotations
 
+import shutil
+import tempfile
 import threading
 import time
 from multiprocessing.connection import wait
@@ -55,6 +58,7 @@ class Replica:
         self._stop = threading.Event()
         self._proc = None
         self._conn = None
+        self._tmp: str | None = None  # the running process's TMPDIR, removed once it has exited
         self.started = threading.Event()  # set once the first start succeeded or failed
         self._thread = threading.Thread(target=self._supervise, name=f"replica-{index}", daemon=True)
 
@@ -107,7 +111,8 @@ class Replica:
             self.precheck()
             conn, child = CTX.Pipe(duplex=True)
             cores = self.config.get("cores") or []
-            config = dict(self.config, generation=self.generation,
+            self._tmp = tempfile.mkdtemp(prefix=f"difflet-model{self.index}-")
+            config = dict(self.config, generation=self.generation, tmpdir=self._tmp,
                           cores=cores[self.index] if self.index < len(cores) else [], replica=self.index)
             proc = CTX.Process(target=model_process.serve, args=(child, config),
                                 name=f"difflet-model-{self.index}", daemon=False)
@@ -257,7 +262,9 @@ class Replica:
             kill_group(self._proc)
         if self._conn is not None:
             self._conn.close()
-        self._proc = self._conn = None
+        if self._tmp is not None:  # what its loaders extracted (AOTInductor packages) goes with it
+            shutil.rmtree(self._tmp, ignore_errors=True)
+        self._proc = self._conn = self._tmp = None
 
     def _shutdown(self) -> None:
         proc, conn = self._proc, self._conn
