@@ -7,7 +7,7 @@ each: parse.py (text -> ast.py dataclasses), profile.py (defaults + overrides), 
 checkpoint_config.py (configs read from a checkpoint's config.json files), checks.py (shapes vs
 configs and profile), lower.py (AST -> IR), commands.py (CLI).
 
-The DSL in one screen (see models/flux.dsl for a full example):
+The DSL in one screen (every description under models/ is a full example):
 
     model NAME family FAMILY
     profile { height = 1024  dtype = bfloat16 ... }          # overridable defaults
