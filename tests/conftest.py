@@ -32,6 +32,14 @@ def shared_store_dir() -> Path:
     return Path(os.environ.get("DIFFLET_TEST_STORE") or REPO / ".pytest_cache" / "difflet-store")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def state_home(tmp_path_factory) -> Path:
+    """$XDG_STATE_HOME of every server a test starts: a per-worker directory, so an HTTP server's
+    default --state-dir is never the user's own and never another worker's."""
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("xdg-state"))
+    return Path(os.environ["XDG_STATE_HOME"])
+
+
 @pytest.fixture(scope="session")
 def difflet_test_store() -> Path:
     return shared_store_dir()

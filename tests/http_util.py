@@ -5,7 +5,9 @@ from __future__ import annotations
 import datetime
 import http.client
 import json
+import os
 import ssl
+import tempfile
 from pathlib import Path
 
 from difflet.runtime.demo import launch_server, read_line
@@ -14,7 +16,10 @@ WAIT_S = 300.0
 
 
 def start_http_server(art: Path, *args: str, env: dict | None = None):
-    """(process, grpc "host:port", http "host:port") once SERVING."""
+    """(process, grpc "host:port", http "host:port") once SERVING; a fresh --state-dir (under
+    conftest's per-worker $XDG_STATE_HOME) unless `args` name one: one server per state dir."""
+    if "--state-dir" not in args:
+        args = (*args, "--state-dir", tempfile.mkdtemp(prefix="state-", dir=os.environ.get("XDG_STATE_HOME")))
     proc = launch_server(art, ("--http-port", "0", *args), env)
     http_address = read_line(proc, "http on ")
     return proc, read_line(proc, "listening on "), http_address

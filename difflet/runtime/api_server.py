@@ -97,6 +97,7 @@ class DiffletServer:
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers),
                                    maximum_concurrent_rpcs=workers, interceptors=interceptors)
         self._stopped = threading.Event()
+        self._loading = False  # load() started the replicas' threads: only then can they be stopped
 
     def start(self) -> int:
         """Bind and start answering (health NOT_SERVING); returns the bound port."""
@@ -120,14 +121,17 @@ class DiffletServer:
         self._server.start()
         return bound
 
-    def start_http(self, port: int, retention_s: float = 3600.0, max_mb: int = 1024) -> int:
-        """Serve the OpenAI-compatible HTTP API on `port` (0 picks one); returns the bound port."""
+    def start_http(self, port: int, retention_s: float = 3600.0, max_mb: int = 1024,
+                   state_dir: str | None = None) -> int:
+        """Serve the OpenAI-compatible HTTP API on `port` (0 picks one); returns the bound port.
+        `state_dir`: where video jobs and kept files survive a restart (locked: one process per
+        dir; DiffletError if another holds it); None = a temporary directory, nothing survives."""
         from difflet.runtime.http.app import HttpApi
 
         self.http = HttpApi(self.info, self.admission, self.dispatcher, self.metrics,
                             request_timeout=self.request_timeout, serving=lambda: self.serving_now,
                             api_key=self.api_key, tls=self.tls, content_retention_s=retention_s,
-                            content_max_bytes=max_mb << 20)
+                            content_max_bytes=max_mb << 20, state_dir=state_dir)
         try:
             return self.http.start(self.host, port)
         except OSError as err:
@@ -136,6 +140,7 @@ class DiffletServer:
 
     def load(self) -> None:
         """Start the model processes; returns once all passed their warm-up (health SERVING)."""
+        self._loading = True
         failures = self.dispatcher.start()
         if failures:
             raise DiffletError("; ".join(failures), where=self.info.root)
@@ -145,7 +150,8 @@ class DiffletServer:
             return
         self._stopped.set()
         self.health.enter_graceful_shutdown()
-        self.dispatcher.close(drain_s=grace)
+        if self._loading:  # a startup failure before load() (e.g. --http-port, --state-dir) has none
+            self.dispatcher.close(drain_s=grace)
         self._server.stop(grace).wait()
         if self.http is not None:
             self.http.stop()

@@ -6,13 +6,15 @@ Invariants:
 - Outcome codes are the service's vocabulary: ok, invalid, internal, cancelled, deadline,
   unavailable. `events` carries what a stream shows: ("queued", position), ("progress", step,
   total, cached, pid), and finally ("end",).
+- `on_started` hooks run in `started`, after `dispatched` is set and before the Run is sent to
+  the model process (the HTTP job store records the dispatch there); a hook must not raise.
 """
 from __future__ import annotations
 
 import queue
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from difflet.runtime.request import Request
 
@@ -36,10 +38,13 @@ class Job:
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.done = threading.Event()
         self._lock = threading.Lock()
+        self.on_started: list[Callable[[Job], None]] = []
 
     def started(self, replica) -> None:
         self.dispatched = time.monotonic()
         self.replica, self.pid = replica.index, replica.pid
+        for hook in list(self.on_started):
+            hook(self)
 
     def progress(self, step: int, total: int, cached: bool, pid: int) -> None:
         if not self.done.is_set():

@@ -5,7 +5,7 @@ process(es), whose parts `api_server.DiffletServer` assembles; this module is th
     difflet-runtime --artifacts ART --port P [--queue-size N] [--request-timeout S] [--grace S]
                     [--cache MODE] [--metrics-port P] [--replicas N] [--threads N] [--max-batch N]
                     [--profile KEY=VALUE ...] [--prompt-policy truncate|strict]
-                    [--http-port P] [--api-key KEY] [--tls-cert PEM --tls-key PEM]
+                    [--http-port P] [--api-key KEY] [--tls-cert PEM --tls-key PEM] [--state-dir DIR]
 
 Invariants:
 - Startup order: torch-free artifact checks (manifest vs module.ir, hashes of module.ir, rank
@@ -16,7 +16,9 @@ Invariants:
   SERVING and stdout says "listening on HOST:PORT" (what `difflet demo` and tests wait for).
 - HTTP (--http-port; stdout "http on HOST:PORT", bound before the model processes start) shares
   the admission, dispatcher, metrics and health of the gRPC side; --api-key guards both (gRPC
-  health and HTTP /health and / stay open); --tls-cert/--tls-key serve both over TLS.
+  health and HTTP /health and / stay open); --tls-cert/--tls-key serve both over TLS. Its
+  video jobs and kept files live in --state-dir (locked: a second server on it is refused at
+  startup) and survive a restart, `kill -9` included (http/jobstore.py, http/videos.py).
 - SIGINT/SIGTERM stop it cleanly (health NOT_SERVING, accepted requests get up to 5 s, the rest
   UNAVAILABLE; model processes stopped), exit code 0. A startup failure is one "error: ..." line
   on stderr: exit 2 for bad input (a refused artifact, a bad option), 1 otherwise.
@@ -162,12 +164,15 @@ def _adapters(specs: tuple[str, ...]) -> tuple[tuple[str, str, float], ...]:
               help="seconds finished videos (and image url replies) are kept")
 @click.option("--http-content-mb", default=1024, show_default=True, type=click.IntRange(1),
               help="disk bound of kept videos and images; the oldest go first")
+@click.option("--state-dir", default=None, type=click.Path(file_okay=False),
+              help="HTTP: where video jobs and kept files survive a restart, one server per "
+                   "directory [default: $XDG_STATE_HOME/difflet or ~/.local/state/difflet]")
 def main(art: str, port: int, host: str, queue_size: int, request_timeout: float, grace: float,
          cache: str, metrics_port: int | None, replicas: int, threads: int,
          expect: tuple[str, ...], no_verify: bool, http_port: int | None, api_key: str | None,
          tls_cert: str | None, tls_key: str | None, http_content_retention: float,
          http_content_mb: int, prompt_policy: str, max_batch: int, loras: tuple[str, ...],
-         lossless_video: bool, calibrations: tuple[str, ...]) -> None:
+         lossless_video: bool, calibrations: tuple[str, ...], state_dir: str | None) -> None:
     """Serve one compiled profile over gRPC (difflet.v1.Difflet + grpc.health.v1 + reflection)."""
     stop = threading.Event()
     serving = threading.Event()
@@ -186,6 +191,9 @@ def main(art: str, port: int, host: str, queue_size: int, request_timeout: float
             raise click.BadParameter("give both --tls-cert and --tls-key", param_hint="--tls-cert")
         if tls_cert:
             _check_tls(tls_cert, tls_key)
+        if state_dir and http_port is None:  # only the HTTP API's video jobs are kept there
+            raise click.BadParameter("it keeps the HTTP API's jobs: give --http-port too",
+                                     param_hint="--state-dir")
         adapters = _adapters(loras)
         server = DiffletServer(art, host, port, queue_size=queue_size,
                                request_timeout=request_timeout or None, grace=grace, cache=cache,
@@ -199,7 +207,11 @@ def main(art: str, port: int, host: str, queue_size: int, request_timeout: float
         if metrics_port is not None:
             click.echo(f"metrics on {host}:{server.metrics.serve(host, metrics_port)}")
         if http_port is not None:
-            click.echo(f"http on {host}:{server.start_http(http_port, http_content_retention, http_content_mb)}")
+            from difflet.runtime.http.jobstore import default_state_dir
+
+            http_bound = server.start_http(http_port, http_content_retention, http_content_mb,
+                                           state_dir or str(default_state_dir()))
+            click.echo(f"http on {host}:{http_bound}")
         sys.stdout.flush()
         server.load()
     except _Interrupted:

@@ -33,7 +33,8 @@ class _Server(ThreadingHTTPServer):
 class HttpApi:
     def __init__(self, info, admission, dispatcher, metrics, *, request_timeout: float | None,
                  serving, api_key: str | None = None, tls: tuple[str, str] | None = None,
-                 content_retention_s: float = 3600.0, content_max_bytes: int = 1 << 30) -> None:
+                 content_retention_s: float = 3600.0, content_max_bytes: int = 1 << 30,
+                 state_dir: str | None = None) -> None:
         self.info, self.admission, self.dispatcher, self.metrics = info, admission, dispatcher, metrics
         self.request_timeout, self.serving, self.api_key, self.tls = request_timeout, serving, api_key, tls
         profile = info.profile
@@ -42,8 +43,8 @@ class HttpApi:
         self.frames = int(profile.get("frames", 0))
         self.fps = facts_of(info.module).fps(info.module) if self.frames else 0.0
         self.guidance_kind = guidance_mode(info.module)
-        self.content = ContentStore(content_retention_s, content_max_bytes)
-        self.videos = VideoJobs(dispatcher, self.content, content_retention_s)
+        self.content = ContentStore(content_retention_s, content_max_bytes, state_dir=state_dir)
+        self.videos = VideoJobs(dispatcher, self.content, content_retention_s, admission, self.model_id)
         self._httpd: _Server | None = None
         self.address = ""
 
@@ -58,6 +59,7 @@ class HttpApi:
         bound = self._httpd.server_address[1]
         self.address = f"{host}:{bound}"
         threading.Thread(target=self._httpd.serve_forever, name="http", daemon=True).start()
+        self.videos.resume()  # the state dir's queued jobs, once a model process is ready
         return bound
 
     def stop(self) -> None:
