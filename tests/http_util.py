@@ -35,7 +35,7 @@ def call(address: str, method: str, path: str, body=None, headers: dict | None =
     try:
         conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
         resp = conn.getresponse()
-        return resp.status, dict(resp.getheaders()), resp.read()
+        return resp.status, resp.headers, resp.read()  # header names are case-insensitive
     finally:
         conn.close()
 

@@ -104,7 +104,7 @@ class Dispatcher:
                 raise Rejected("queue_full", f"the queue is full ({self.queue_size} waiting + "
                                              f"{running} running); retry later")
             job = Job(fields, deadline)
-            job.events.put(("queued", len(self._queue)))
+            job.post(("queued", len(self._queue)))
             self._queue.append(job)
             self._active[job.request_id] = job
             self._dispatch()

@@ -8,6 +8,9 @@ Invariants:
   total, cached, pid), and finally ("end",).
 - `on_started` hooks run in `started`, after `dispatched` is set and before the Run is sent to
   the model process (the HTTP job store records the dispatch there); a hook must not raise.
+- Every event goes through `post`, which then calls each of `watchers` (no arguments, from the
+  posting thread; must not block or raise): how the HTTP front's event loop learns of a change
+  without a thread parked per waiting request.
 """
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ class Job:
         self.done = threading.Event()
         self._lock = threading.Lock()
         self.on_started: list[Callable[[Job], None]] = []
+        self.watchers: list[Callable[[], None]] = []
 
     def started(self, replica) -> None:
         self.dispatched = time.monotonic()
@@ -48,7 +52,7 @@ class Job:
 
     def progress(self, step: int, total: int, cached: bool, pid: int) -> None:
         if not self.done.is_set():
-            self.events.put(("progress", step, total, cached, pid))
+            self.post(("progress", step, total, cached, pid))
 
     def finish(self, code: str, message: str = "", result: dict[str, Any] | None = None) -> bool:
         """Answer the job; False (and nothing changes) if it was already answered."""
@@ -58,8 +62,13 @@ class Job:
                 return False
             self.code, self.message, self.result = code, message, result
             self.done.set()
-        self.events.put(("end",))
+        self.post(("end",))
         return True
+
+    def post(self, event: tuple) -> None:
+        self.events.put(event)
+        for watcher in list(self.watchers):
+            watcher()
 
     @property
     def queue_ms(self) -> float:

@@ -1,33 +1,20 @@
-"""`HttpApi`: the HTTP server of the API process (ThreadingHTTPServer, optional TLS).
+"""`HttpApi`: the HTTP server of the API process (FastAPI on uvicorn, optional TLS).
 
 Invariants:
 - It holds no queue of its own: requests go through the server's Admission and Dispatcher,
   so gRPC and HTTP share one FIFO, one capacity bound, the replicas and the metrics.
-- Torch-free: it imports only the stdlib, PIL (for jpeg/webp re-encoding) and Difflet's
-  API-process modules.
-- TLS handshakes run in the connection's thread, so a slow or plain-text client never blocks
-  the accept loop.
+- Torch-free: it imports the stdlib, FastAPI/uvicorn, PIL (for jpeg/webp re-encoding) and
+  Difflet's API-process modules.
+- Connections, timeouts and TLS are transport.py's; the routes are routes.py's.
 """
 from __future__ import annotations
 
 import io
 import secrets
-import ssl
-import threading
-from http.server import ThreadingHTTPServer
 
 from difflet.families import facts_of, guidance_mode
 from difflet.runtime.http.content import ContentStore
-from difflet.runtime.http.routes import Handler
 from difflet.runtime.http.videos import VideoJobs
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 128
-
-    def handle_error(self, request, client_address) -> None:
-        pass  # a failed handshake or a reset connection concerns that client only
 
 
 class HttpApi:
@@ -45,27 +32,24 @@ class HttpApi:
         self.guidance_kind = guidance_mode(info.module)
         self.content = ContentStore(content_retention_s, content_max_bytes, state_dir=state_dir)
         self.videos = VideoJobs(dispatcher, self.content, content_retention_s, admission, self.model_id)
-        self._httpd: _Server | None = None
+        self._server = None
         self.address = ""
 
     def start(self, host: str, port: int) -> int:
-        handler = type("BoundHandler", (Handler,), {"api": self})
-        self._httpd = _Server((host, port), handler)
-        if self.tls:
-            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            ctx.load_cert_chain(*self.tls)
-            self._httpd.socket = ctx.wrap_socket(self._httpd.socket, server_side=True,
-                                                 do_handshake_on_connect=False)
-        bound = self._httpd.server_address[1]
+        """Listen on host:port (0 picks one) and serve from a thread; returns the bound port.
+        OSError (ssl.SSLError included) when the port or the TLS files are unusable."""
+        from difflet.runtime.http.routes import build_app
+        from difflet.runtime.http.transport import UvicornThread
+
+        self._server = UvicornThread(build_app(self), host, port, self.tls)
+        bound = self._server.start()
         self.address = f"{host}:{bound}"
-        threading.Thread(target=self._httpd.serve_forever, name="http", daemon=True).start()
         self.videos.resume()  # the state dir's queued jobs, once a model process is ready
         return bound
 
     def stop(self) -> None:
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
+        if self._server is not None:
+            self._server.stop()
         self.content.close()
 
     def new_id(self, kind: str) -> str:

@@ -57,25 +57,47 @@ def timeout(body) -> float | None:
 
 
 def form_fields(content_type: str, raw: bytes) -> dict[str, Any]:
-    """A multipart/form-data body -> the JSON-shaped dict (numbers parsed by field name).
-    A file part (OpenAI's `input_reference`) is refused: image-to-video is not served."""
-    from email.parser import BytesParser
-    from email.policy import HTTP
+    """A multipart/form-data body (python-multipart) -> the JSON-shaped dict (numbers parsed by
+    field name). A file part (OpenAI's `input_reference`) is refused: image-to-video is not served."""
+    from python_multipart.multipart import MultipartParser, parse_options_header
 
-    message = BytesParser(policy=HTTP).parsebytes(
-        b"Content-Type: " + content_type.encode() + b"\r\n\r\n" + raw)
-    if not message.is_multipart():
-        raise ApiError(400, "the multipart/form-data body could not be parsed", code="invalid_body")
+    boundary = parse_options_header(content_type)[1].get(b"boundary")
+    if not boundary:
+        raise ApiError(400, "the multipart/form-data body has no boundary", code="invalid_body")
+    parts: list[dict[bytes, bytes]] = []
+    state = {"field": b"", "value": b""}
+
+    def begin():
+        parts.append({b"": b""})  # header name -> value; b"" holds the part's data
+
+    def header_end():
+        parts[-1][state["field"].lower()] = state["value"]
+        state["field"] = state["value"] = b""
+
+    callbacks = {
+        "on_part_begin": begin,
+        "on_part_data": lambda data, start, end: parts[-1].__setitem__(b"", parts[-1][b""] + data[start:end]),
+        "on_header_field": lambda data, start, end: state.__setitem__("field", state["field"] + data[start:end]),
+        "on_header_value": lambda data, start, end: state.__setitem__("value", state["value"] + data[start:end]),
+        "on_header_end": header_end}
+    try:
+        parser = MultipartParser(boundary, callbacks, max_size=len(raw))
+        parser.write(raw)
+        parser.finalize()
+    except Exception as err:  # python-multipart's parse errors: the client's malformed body
+        raise ApiError(400, f"the multipart/form-data body could not be parsed ({type(err).__name__})",
+                       code="invalid_body") from None
     out: dict[str, Any] = {}
-    for part in message.iter_parts():
-        name = part.get_param("name", header="content-disposition")
+    for part in parts:
+        _, params = parse_options_header(part.get(b"content-disposition", b""))
+        name = params.get(b"name", b"").decode("utf-8", "replace")
         if not name:
             continue
-        if part.get_filename() is not None:
+        if b"filename" in params:
             raise bad_field(name, "file inputs are not served (text-to-image/video only)")
-        if part.is_multipart():  # its payload is parts, not a value
+        if part.get(b"content-type", b"").lower().startswith(b"multipart/"):  # parts, not a value
             raise bad_field(name, "a nested multipart part is not a field value")
-        text = part.get_payload(decode=True).decode("utf-8", "replace")
+        text = part[b""].decode("utf-8", "replace")
         try:
             out[name] = int(text) if name in FORM_INTS else float(text) if name in FORM_NUMBERS \
                 else (text == "true") if name == "stream" and text in ("true", "false") else text

@@ -1,62 +1,86 @@
-"""The `/v1/videos` routes, mixed into the HTTP `Handler` (which provides `api`, `_body`,
-`_parse`, `_submit`, `_json`, `_send`, `_sse`).
+"""The `/v1/videos` routes (OpenAI's videos API).
 
-Invariant: a video job is admitted exactly like an image request (same Admission, same
-Dispatcher queue); the job store (`videos.py`) owns its life after admission.
+Invariant: a video job is admitted exactly like an image request (routes.submit: same
+Admission, same Dispatcher queue); the job store (`videos.py`) owns its life after admission.
 """
 from __future__ import annotations
 
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
 from difflet.runtime.http import fields as F
+from difflet.runtime.http import openapi
 from difflet.runtime.http.errors import ApiError
+from difflet.runtime.http.plumbing import (SSE_HEADERS, Wake, endpoint, in_thread, parse, read_body,
+                                           sse_line, submit)
 
-MP4 = "video/mp4"
+KEEP_ALIVE_S = 15.0  # an SSE comment at least this often, so proxies keep the stream open
 
 
-class VideoRoutes:
-    def video_create(self, *_):
-        api = self.api
+def add_video_routes(app, api) -> None:
+    @app.post("/v1/videos", summary="Create a video job (OpenAI videos.create)",
+              openapi_extra=openapi.body(api, "video"))
+    @endpoint
+    async def video_create(request: Request):
         if not api.frames:
             raise ApiError(400, f"model: {api.model_id!r} is an image model; use POST "
                                 f"/v1/images/generations", param="model", code="wrong_route")
-        body = self._body()
-        timeout = self._parse(F.timeout, body)
-        fields, spelled = self._parse(F.video_request, body, api.info, api.fps)
-        job = self._submit(fields, api.new_id("video"), timeout, spelled)
+        body = await read_body(request)
+        timeout = parse(api, F.timeout, body)
+        fields, spelled = parse(api, F.video_request, body, api.info, api.fps)
+        job, _ = await submit(api, fields, api.new_id("video"), timeout, spelled)
         video = api.videos.add(job, api.model_id, f"{job.fields.width}x{job.fields.height}",
                                job.fields.frames, api.fps)
-        self._json(200, video.to_json())
+        return JSONResponse(video.to_json())
 
-    def video_list(self, *_):
-        self._json(200, {"object": "list", "data": [v.to_json() for v in self.api.videos.list()]})
+    @app.api_route("/v1/videos", methods=["GET", "HEAD"], summary="The video jobs")
+    @endpoint
+    async def video_list(request: Request):
+        return JSONResponse({"object": "list", "data": [v.to_json() for v in api.videos.list()]})
 
-    def video_get(self, _v1, _videos, video_id):
-        self._json(200, self.api.videos.get(video_id).to_json())
+    @app.api_route("/v1/videos/{video_id}", methods=["GET", "HEAD"], summary="One video job")
+    @endpoint
+    async def video_get(request: Request, video_id: str):
+        return JSONResponse(api.videos.get(video_id).to_json())
 
-    def video_content(self, _v1, _videos, video_id, _content):
-        self._send(200, self.api.videos.content(video_id), MP4)
+    @app.api_route("/v1/videos/{video_id}/content", methods=["GET", "HEAD"], summary="A job's MP4")
+    @endpoint
+    async def video_content(request: Request, video_id: str):
+        return Response(await in_thread(api.videos.content, video_id), media_type="video/mp4")
 
-    def video_delete(self, _v1, _videos, video_id):
-        self._json(200, self.api.videos.delete(video_id))
+    @app.delete("/v1/videos/{video_id}", summary="Cancel and forget a video job")
+    @endpoint
+    async def video_delete(request: Request, video_id: str):
+        return JSONResponse(api.videos.delete(video_id))
 
-    def video_events(self, _v1, _videos, video_id, _events):
-        """Server-Sent Events: the job object at every change, until completed/failed/deleted."""
-        videos = self.api.videos
-        video = videos.get(video_id)
-        self._begin_sse()
-        version = -1
+    @app.get("/v1/videos/{video_id}/events", summary="A job's changes as Server-Sent Events")
+    @endpoint
+    async def video_events(request: Request, video_id: str):
+        video = api.videos.get(video_id)  # 404 before the stream starts
+        return StreamingResponse(_events(api.videos, video), media_type="text/event-stream",
+                                 headers=SSE_HEADERS)
+
+
+async def _events(videos, video):
+    """The job object at every change, until completed/failed/deleted; keep-alives meanwhile."""
+    wake, version = Wake(), -1
+    videos.watchers.add(wake)
+    try:
         while True:
-            seen = video.version
+            wake.arm()
+            seen, status, record = videos.snapshot(video)
             if seen != version:
-                self._sse(video.to_json())
                 version = seen
-            if video.status in ("completed", "failed"):
+                yield sse_line(record)
+            if status in ("completed", "failed"):
                 return
             try:
-                videos.get(video_id)
+                videos.get(video.id)
             except ApiError as err:  # deleted meanwhile
-                self._sse(err.body())
+                yield sse_line(err.body())
                 return
-            videos.wait_change(video, version, 15.0)  # a keep-alive line at least every 15 s
-            if video.version == version:
-                self.wfile.write(b": keep-alive\n\n")
-                self.wfile.flush()
+            await wake.wait(KEEP_ALIVE_S)
+            if not wake.flag.is_set():
+                yield b": keep-alive\n\n"
+    finally:
+        videos.watchers.discard(wake)

@@ -11,7 +11,8 @@ Invariants:
   full disk fails it as `storage_error`); its MP4 bytes live in the content store only.
 - Records and their MP4 are kept `retention_s` after the job ended, and the MP4s together
   within the content store's byte bound; then the record is deleted (GET answers 404).
-- `changed` is notified on every record change (what the SSE route waits on).
+- `changed` is notified, and each of `watchers` called (lock held; must not block), on every
+  record change: what the SSE route waits on.
 - With a state dir (the content store's `state`, jobstore.py) every record is saved: at
   admission, at dispatch (before the Run reaches a model process: `Job.on_started`), at each
   progress change and at its end. A new process on the same dir (`_restore`, then `resume`)
@@ -41,7 +42,7 @@ class VideoJob:
                  created_at: int = 0, shown: dict | None = None) -> None:
         """`job`: the dispatcher Job, or None for a restored queued job not yet submitted again
         (`shown`: its saved request's seed and steps)."""
-        self.id = video_id or "video_" + secrets.token_hex(12)
+        self.id = video_id or "video_" + secrets.token_hex(16)  # 128 bits: the id is the handle
         self.job, self.model, self.size, self.frames, self.fps = job, model, size, frames, fps
         fields = job.fields if job is not None else None
         self.seed = fields.seed if fields is not None else (shown or {}).get("seed")
@@ -77,6 +78,7 @@ class VideoJobs:
         self._jobs: dict[str, VideoJob] = {}
         self._pending: list[VideoJob] = []  # restored queued jobs, for `resume`
         self.changed = threading.Condition()
+        self.watchers: set = set()
         content.on_evict = self._evicted
         if self.db is not None:
             self._restore()
@@ -126,15 +128,25 @@ class VideoJobs:
             state = "queued" if video.status == "queued" else ""
         with self.changed:
             self._forget([video.id])
-            self.changed.notify_all()
+            self._notify()
         self.store.remove(video.id + ".mp4")
         return {"id": video.id, "object": "video.deleted", "deleted": True, "cancelled": state or None}
+
+    def snapshot(self, video: VideoJob) -> tuple[int, str, dict[str, Any]]:
+        """(version, status, the job object), read under the lock: one consistent view."""
+        with self.changed:
+            return video.version, video.status, video.to_json()
 
     def wait_change(self, video: VideoJob, version: int, timeout: float) -> bool:
         """True once `video` changed past `version` (or was deleted); False after `timeout`."""
         with self.changed:
             return self.changed.wait_for(
                 lambda: video.version != version or self._jobs.get(video.id) is not video, timeout)
+
+    def _notify(self) -> None:  # lock held
+        self.changed.notify_all()
+        for watcher in list(self.watchers):
+            watcher()
 
     def resume(self) -> None:
         """Submit the restored queued jobs again (a thread: they wait for a ready model process)."""
@@ -178,7 +190,7 @@ class VideoJobs:
                 if video.expires is not None and "status" in saved:  # ended: its wall-clock expiry
                     saved["expires"] = time.time() + video.expires - time.monotonic()
                 self.db.set_video(video.id, **saved)
-            self.changed.notify_all()
+            self._notify()
 
     def _end(self, video: VideoJob, status: str, error) -> None:
         with self.changed:  # one change: the record ends and the record bound is applied at once
@@ -190,7 +202,7 @@ class VideoJobs:
     def _evicted(self, name: str) -> None:
         with self.changed:
             self._forget([name.removesuffix(".mp4")])
-            self.changed.notify_all()
+            self._notify()
 
     def _expire_records(self) -> None:  # lock held
         now = time.monotonic()
