@@ -261,3 +261,30 @@ def test_metrics_count_requests_and_rejects(server, served):
     assert delta("difflet_request_latency_seconds_count", outcome="ok") == 1
     assert after[("difflet_queue_depth", ())] == 0
     assert after[("difflet_model_processes_ready", ())] == 1
+
+
+def test_a_failed_supervisor_is_not_serving_and_is_restarted(flux_tiny_slow_art):
+    """Issue 31: an error in a replica's supervisor thread (there: a deadline that overflowed
+    wait()) ended it while health said SERVING, and no request was answered again. Injected here
+    (DIFFLET_FAULTS supervisor-error: the supervisor raises at generation 0's first step)."""
+    proc = launch_server(flux_tiny_slow_art, SERVER_ARGS, env={"DIFFLET_FAULTS": "supervisor-error"})
+    try:
+        metrics = read_line(proc, "metrics on ")
+        address = read_line(proc, "listening on ")
+        watch = HealthWatch(address)
+        try:
+            watch.wait_for(["SERVING"])
+            victim = Stream(address, PROMPT, SEED, request_id="victim")
+            result, error = victim.finish()
+            assert error is not None and error.code() == grpc.StatusCode.UNAVAILABLE, error
+            assert "supervisor failed" in error.details()
+            assert watch.wait_for(["SERVING", "NOT_SERVING", "SERVING"])
+        finally:
+            watch.close()
+        serving = client.get_profile(address).serving
+        (process,) = serving.processes
+        assert (serving.recoveries, process.generation, process.state) == (1, 1, "ready")
+        assert scrape(metrics)[("difflet_model_recoveries_total", (("reason", "supervisor"),))] == 1
+        assert client.generate(address, PROMPT, SEED, timeout=WAIT_S).png  # served again
+    finally:
+        assert stop_server(proc) == 0, "difflet-runtime did not exit cleanly on SIGTERM"

@@ -13,8 +13,9 @@ Invariants:
 - Dispatch pauses for a replica that is starting, recovering or failed; its queued requests
   stay queued. Only when every replica has failed (recovery failed) are queued requests
   answered UNAVAILABLE and new ones refused; nothing accepted is dropped unanswered.
-- Health (the `on_health` callback) is True iff some replica is ready or busy and the
-  dispatcher is not closed. It is published only on change and never while holding the
+- Health (the `on_health` callback) is True iff some replica is ready or busy with a live
+  supervisor thread and the dispatcher is not closed (a dead supervisor is restarted within
+  WATCH_S by `_watch`). It is published only on change and never while holding the
   dispatcher lock: gRPC's health Watch sends from the caller's thread and waits for the
   server's poller, and the poller runs call-termination callbacks that take this lock.
 """
@@ -31,6 +32,8 @@ from difflet.runtime.jobs import Job
 from difflet.runtime.messages import Ready
 from difflet.runtime.request import Request
 from difflet.runtime.replica import Replica
+
+WATCH_S = 1.0  # how often the watchdog looks for a dead supervisor thread
 
 
 class Rejected(Exception):
@@ -67,6 +70,7 @@ class Dispatcher:
             r.start()
         for r in self.replicas:
             r.started.wait()
+        threading.Thread(target=self._watch, name="replica-watch", daemon=True).start()
         return [f"model process {r.index}: {r.error}" for r in self.replicas if r.state == "failed"]
 
     def close(self, drain_s: float = 5.0) -> None:
@@ -197,6 +201,22 @@ class Dispatcher:
             self._update_health()
         self._publish()
 
+    def _watch(self) -> None:
+        """Every WATCH_S: a replica whose supervisor thread died (a bug) is marked not serving and
+        restarted; its running requests are answered UNAVAILABLE, queued ones wait for it."""
+        while not self._closed:
+            time.sleep(WATCH_S)
+            for replica in self.replicas:
+                if self._closed or replica.alive():
+                    continue
+                self.log(f"model process {replica.index}: its supervisor thread failed; restarting it")
+                with self._lock:
+                    replica.state = "recovering"
+                    self._update_health()
+                self._publish()
+                replica.restart()
+                self.model_lost(replica, "supervisor")
+
     # ---- state (lock held)
     def _answer(self, job: Job, code: str, message: str, result=None) -> None:
         if job.finish(code, message, result):
@@ -218,7 +238,8 @@ class Dispatcher:
             min(free, key=lambda r: (len(r.jobs), r.index)).assign(job)
 
     def _update_health(self) -> None:
-        self._serving = not self._closed and any(r.state in ("ready", "busy") for r in self.replicas)
+        self._serving = not self._closed and any(r.state in ("ready", "busy") and r.alive()
+                                                 for r in self.replicas)
 
     def _publish(self) -> None:
         """Tell `on_health` the current status if it changed (dispatcher lock NOT held)."""

@@ -30,7 +30,7 @@ class Metrics:
                                ["rows"], registry=r)
         self.steps = Counter("difflet_steps", "denoising steps of completed requests", registry=r)
         self.recoveries = Counter("difflet_model_recoveries", "model process replacements, by "
-                                  "reason (crash, timeout)", ["reason"], registry=r)
+                                  "reason (crash, timeout, supervisor)", ["reason"], registry=r)
         self.queue_depth = Gauge("difflet_queue_depth", "requests waiting for a model process",
                                  registry=r)
         self.in_flight = Gauge("difflet_requests_in_flight", "requests inside model processes",

@@ -22,9 +22,12 @@ Invariants:
   what its loaders extract (AOTInductor packages, 2 MB+ per program) never outlives it.
 - Messages are `messages` Structs; a message that does not decode is treated as a broken
   process (killed and replaced), never read with defaults.
+- A supervisor thread that ends by a bug is not serving (`alive`) and is replaced by `restart`
+  (the dispatcher's watchdog): its process killed, its requests answered, a new process loaded.
 """
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import threading
@@ -60,6 +63,8 @@ class Replica:
         self._conn = None
         self._tmp: str | None = None  # the running process's TMPDIR, removed once it has exited
         self.started = threading.Event()  # set once the first start succeeded or failed
+        # tests only: the supervisor raises at generation 0's first step (a bug, as issue 31 found)
+        self._fault = "supervisor-error" in os.environ.get("DIFFLET_FAULTS", "").split(",")
         self._thread = threading.Thread(target=self._supervise, name=f"replica-{index}", daemon=True)
 
     # ---- called by the dispatcher (under its lock)
@@ -89,6 +94,20 @@ class Replica:
         self._stop.set()
         self.wake()
         self._thread.join(timeout)
+
+    def alive(self) -> bool:
+        """False once the supervisor thread has ended by an error (not by `stop` or a failed start)."""
+        return self._thread.is_alive() or self._stop.is_set() or self.state == "failed" \
+            or self._thread.ident is None
+
+    def restart(self) -> None:
+        """Replace a dead supervisor (watchdog thread): kill its process, answer its requests,
+        and start a supervisor that loads a replacement."""
+        self.state, self.error = "recovering", "the supervisor thread failed (see the server log)"
+        self._kill()
+        self._fail_jobs("the replica's supervisor failed (see the server log); a replacement is loading")
+        self._thread = threading.Thread(target=self._supervise, name=f"replica-{self.index}", daemon=True)
+        self._thread.start()
 
     # ---- the supervisor thread
     def _supervise(self) -> None:
@@ -236,6 +255,8 @@ class Replica:
         if job is None:
             return  # a late message of a request already handed back (or a stray Ready/Failed)
         if isinstance(message, msg.Step):
+            if self._fault and self.generation == 0:
+                raise RuntimeError("DIFFLET_FAULTS supervisor-error")
             job.progress(message.step, message.total, message.cached, self.pid)
         elif isinstance(message, msg.Done):
             self.compiles = message.result.compiles
