@@ -15,12 +15,12 @@ from difflet.runtime.demo import launch_server, read_line
 WAIT_S = 300.0
 
 
-def start_http_server(art: Path, *args: str, env: dict | None = None):
+def start_http_server(art: Path, *args: str, env: dict | None = None, preexec_fn=None):
     """(process, grpc "host:port", http "host:port") once SERVING; a fresh --state-dir (under
     conftest's per-worker $XDG_STATE_HOME) unless `args` name one: one server per state dir."""
     if "--state-dir" not in args:
         args = (*args, "--state-dir", tempfile.mkdtemp(prefix="state-", dir=os.environ.get("XDG_STATE_HOME")))
-    proc = launch_server(art, ("--http-port", "0", *args), env)
+    proc = launch_server(art, ("--http-port", "0", *args), env, preexec_fn)
     http_address = read_line(proc, "http on ")
     return proc, read_line(proc, "listening on "), http_address
 

@@ -1,5 +1,5 @@
 """HTTP API behaviours docs/serving.md documents (issue 35 item 4): a client that disconnects
-while waiting cancels its job, refusals for a missing or wrong API key are counted as
+while waiting cancels its job while one that only half-closes (SHUT_WR) gets its image, refusals for a missing or wrong API key are counted as
 `unauthenticated` on both protocols, a video larger than the content bound fails its job with
 `content_too_large`, and finished video job records are capped (oldest first).
 
@@ -13,6 +13,7 @@ test of one comparison.
 """
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import threading
@@ -109,6 +110,36 @@ def test_a_client_that_disconnects_cancels_its_job(server):
     assert (serving(server.grpc).processes[0].pid, serving(server.grpc).recoveries) == (pid, recoveries)
     after = scrape(server.http)
     assert delta(before, after, "difflet_requests_total", outcome="cancelled") == 1
+    assert delta(before, after, "difflet_requests_total", outcome="ok") == 1
+
+
+def test_a_client_that_half_closes_after_sending_gets_its_image(server):
+    """Issue 31 finding 6: a client that shuts down its sending side (SHUT_WR) once the request is
+    out was answered 409 "the client disconnected". Its request is held after the first step for
+    3 s (the server probes the client every second meanwhile), then let go: the reply is the image,
+    and nothing was cancelled."""
+    before = scrape(server.http)
+    server.hold.touch()
+    host, port = server.http.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=WAIT_S)
+    try:
+        conn.request("POST", "/v1/images/generations", json.dumps({"prompt": PROMPT, "seed": 4,
+                     "num_inference_steps": 3}), {"Content-Type": "application/json", **AUTH})
+        conn.sock.shutdown(socket.SHUT_WR)
+        end = time.monotonic() + WAIT_S
+        while serving(server.grpc).processes[0].state != "busy":
+            assert time.monotonic() < end, "the HTTP request never reached the model process"
+            time.sleep(0.05)
+        time.sleep(3.0)  # several probes while the half-closed client waits
+        assert serving(server.grpc).processes[0].state == "busy"  # still its job: not cancelled
+        server.hold.unlink()
+        resp = conn.getresponse()  # skips the interim 100 Continue probes
+        reply = json.loads(resp.read())
+        assert resp.status == 200 and reply["data"][0]["b64_json"], reply
+    finally:
+        conn.close()
+    after = scrape(server.http)
+    assert delta(before, after, "difflet_requests_total", outcome="cancelled") == 0
     assert delta(before, after, "difflet_requests_total", outcome="ok") == 1
 
 

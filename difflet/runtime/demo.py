@@ -66,14 +66,16 @@ def _codegen_counts(result) -> str:
     return f"compiled {len(result.compiled)}, reused {len(result.reused)}"
 
 
-def launch_server(art: Path, args: tuple[str, ...] = (), env: dict | None = None) -> subprocess.Popen:
-    """Start `difflet-runtime --port 0 ARGS` on ART (stdout a pipe, stderr a temporary file)."""
+def launch_server(art: Path, args: tuple[str, ...] = (), env: dict | None = None,
+                  preexec_fn=None) -> subprocess.Popen:
+    """Start `difflet-runtime --port 0 ARGS` on ART (stdout a pipe, stderr a temporary file);
+    `preexec_fn` runs in the child before it starts (e.g. resource limits)."""
     cmd = [sys.executable, "-m", "difflet.runtime.server", "--artifacts", str(art), "--port", "0",
            *args]
     # stderr goes to a file: an unread pipe would fill up and block the server
     errlog = tempfile.TemporaryFile(mode="w+")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errlog, text=True,
-                            env=None if env is None else {**os.environ, **env})
+                            env=None if env is None else {**os.environ, **env}, preexec_fn=preexec_fn)
     proc.errlog = errlog
     return proc
 
