@@ -119,7 +119,7 @@ def test_stream_reports_every_step_then_the_image(server):
     ({"num_inference_steps": 0}, "num_inference_steps", "num_inference_steps: 0 is outside [1, 1000]"),
     ({"num_inference_steps": "4"}, "num_inference_steps", "num_inference_steps: must be an integer"),
     ({"num_inference_steps": True}, "num_inference_steps", "num_inference_steps: must be an integer"),
-    ({"guidance_scale": -1}, "guidance_scale", "guidance_scale: -1.0 must be finite and >= 0"),
+    ({"guidance_scale": -1}, "guidance_scale", "guidance_scale: -1.0 must be finite and in [0, 100]"),
     ({"seed": -5}, "seed", "seed: -5 is outside"),
     ({"seed": 1.5}, "seed", "seed: must be an integer"),
     ({"negative_prompt": 3}, "negative_prompt", "negative_prompt: must be a string"),

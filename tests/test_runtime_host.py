@@ -117,7 +117,7 @@ def test_resolve_request_fills_profile_defaults():
     ("steps", {"steps": 0}, "steps: 0 is outside [1, 1000]"),
     ("steps", {"steps": 1001}, "steps: 1001 is outside"),
     ("guidance", {"guidance": float("inf")}, "guidance: inf must be finite"),
-    ("guidance", {"guidance": -0.5}, "guidance: -0.5 must be finite and >= 0"),
+    ("guidance", {"guidance": -0.5}, "guidance: -0.5 must be finite and in [0, 100]"),
     ("prompt", {"prompt": "   "}, "prompt: must be a non-empty string"),
     ("seed", {"seed": -1}, "seed: -1 is outside"),
 ])

@@ -40,7 +40,7 @@ def test_prompt_token_count_matches_the_host_tokenizer(admission, flux_tiny_art)
     ("prompt", "   ", "prompt: must be a non-empty string"),
     ("seed", -1, "seed: -1 is outside"),
     ("steps", 0, "steps: 0 is outside [1, 1000]"),
-    ("guidance", float("inf"), "guidance: inf must be finite and >= 0"),
+    ("guidance", float("inf"), "guidance: inf must be finite and in [0, 100]"),
     ("height", 48, "height: 48 does not match the serving profile (32)"),
     ("width", 16, "width: 16 does not match the serving profile (32)"),
     ("request_id", "é", "request_id: must be printable ASCII"),

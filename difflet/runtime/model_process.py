@@ -35,9 +35,11 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import tempfile
 import threading
 import time
+import traceback
 from typing import Any, Callable
 
 from difflet.runtime import messages as msg
@@ -136,7 +138,10 @@ def _run(conn, runner, run: msg.Run, should_stop: Callable, compiles: list[int],
             _send(conn, msg.Error(seq, "internal", f"{err.args[0].splitlines()[0]}; the model "
                                                    "process is being replaced from the artifacts"))
             os._exit(EXIT_BROKEN_PROGRAM)
-        _send(conn, msg.Error(seq, "internal", f"{type(err).__name__}: {err}"))
+        print(f"request {fields.request_id}: generation failed", file=sys.stderr)
+        traceback.print_exc()  # a bug's text goes to the server log only; the client gets the id
+        _send(conn, msg.Error(seq, "internal", f"internal error in the model process (request "
+                                               f"{fields.request_id}; the details are in the server log)"))
         return
     stats, p = result.stats, result.params
     _send(conn, msg.Done(seq, msg.Result(

@@ -45,8 +45,9 @@ class Request(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         "seeds a CPU torch.Generator exactly like the reference pipeline"))] = 0
     steps: Optional[Annotated[int, Meta(ge=1, le=1000, extra={"api": "num_inference_steps", "http":
                     "num_inference_steps"}, description="denoising steps (default: the profile's)")]] = None
-    guidance: Optional[Annotated[float, Meta(ge=0, extra={"api": "guidance_scale", "http": "guidance_scale"},
-                       description="guidance scale (default: the profile's)")]] = None
+    guidance: Optional[Annotated[float, Meta(ge=0, le=100, extra={"api": "guidance_scale",
+                                                                   "http": "guidance_scale"},
+                       description="guidance scale, at most 100 (default: the profile's)")]] = None
     height: Annotated[int, Meta(ge=0, extra={"http": "size"}, description=(
         "one of the served sizes (0 = the default size)"))] = 0
     width: Annotated[int, Meta(ge=0, extra={"http": "size"}, description=(
