@@ -130,8 +130,9 @@ def _common(body: Any, info, allowed: tuple[str, ...]) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", param=None, code="invalid_json")
     for name in body:
-        if name not in allowed:
-            raise bad_field(name, f"unknown field (accepted: {', '.join(allowed)})")
+        if name not in allowed:  # named as sent when it is a plain short name, else quoted and cut
+            shown = name if name.isidentifier() and len(name) <= 64 else repr(name[:64])
+            raise bad_field(shown, f"unknown field (accepted: {', '.join(allowed)})")
     model = _type(body, "model", (str,), "a string")
     if model is not None and model != served_model(info):
         raise ApiError(404, f"model: {model!r} is not served here (this server serves "

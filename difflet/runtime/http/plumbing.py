@@ -79,6 +79,15 @@ def _has_key(scope, key: str) -> bool:
     return got.startswith(b"Bearer ") and hmac.compare_digest(got[7:].strip(), key.encode())
 
 
+def get(app, path: str, **kw):
+    """Register a GET route that also answers HEAD; only GET is in the spec (one operation id)."""
+    def register(fn):
+        app.add_api_route(path, fn, methods=["GET"], **kw)
+        app.add_api_route(path, fn, methods=["HEAD"], include_in_schema=False)
+        return fn
+    return register
+
+
 def endpoint(fn):
     """A route: its ApiError is the reply; a vanished client gets none; anything else is a 500."""
     @functools.wraps(fn)

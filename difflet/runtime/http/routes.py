@@ -25,14 +25,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from difflet.runtime.http import fields as F
 from difflet.runtime.http import openapi
 from difflet.runtime.http.errors import ApiError, bad_field, from_job
-from difflet.runtime.http.plumbing import (SSE_HEADERS, KeyCheck, endpoint, error_response, in_thread,
+from difflet.runtime.http.plumbing import (SSE_HEADERS, KeyCheck, endpoint, error_response, get, in_thread,
                                            job_events, parse, read_body, sse_line, submit, wait_jobs)
 from difflet.runtime.http.video_routes import add_video_routes
 from difflet.version import __version__
 
 PLAYGROUND = Path(__file__).with_name("playground.html")
 MIME = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp", "mp4": "video/mp4"}
-GET = ["GET", "HEAD"]
 
 
 def build_app(api) -> FastAPI:
@@ -46,23 +45,23 @@ def build_app(api) -> FastAPI:
         return error_response(ApiError(exc.status_code if exc.status_code == 405 else 404,
                                        f"no route {request.method} {request.url.path}", code="not_found"))
 
-    @app.api_route("/", methods=GET, include_in_schema=False)
+    @get(app, "/", include_in_schema=False)
     @endpoint
     async def playground(request: Request):
         return Response(PLAYGROUND.read_bytes(), media_type="text/html; charset=utf-8")
 
-    @app.api_route("/health", methods=GET, summary="Liveness and readiness (no key needed)")
+    @get(app, "/health", summary="Liveness and readiness (no key needed)")
     @endpoint
     async def health(request: Request):
         ok = api.serving()
         return JSONResponse({"status": "serving" if ok else "not_serving"}, 200 if ok else 503)
 
-    @app.api_route("/metrics", methods=GET, summary="Prometheus metrics")
+    @get(app, "/metrics", summary="Prometheus metrics")
     @endpoint
     async def metrics(request: Request):
         return Response(api.metrics.text(), media_type="text/plain; version=0.0.4")
 
-    @app.api_route("/v1/models", methods=GET, summary="The served model's card")
+    @get(app, "/v1/models", summary="The served model's card")
     @endpoint
     async def models(request: Request):
         return JSONResponse({"object": "list", "data": [api.model_card()]})
@@ -73,7 +72,7 @@ def build_app(api) -> FastAPI:
     async def images(request: Request):
         return await Images(api, request).run()
 
-    @app.api_route("/v1/images/{name}", methods=GET, summary="An image of a url reply")
+    @get(app, "/v1/images/{name}", summary="An image of a url reply")
     @endpoint
     async def image_content(request: Request, name: str):
         data = api.content.get(name) if "." in name and not name.endswith(".mp4") else None

@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from difflet.runtime.http import fields as F
 from difflet.runtime.http import openapi
 from difflet.runtime.http.errors import ApiError
-from difflet.runtime.http.plumbing import (SSE_HEADERS, Wake, endpoint, in_thread, parse, read_body,
+from difflet.runtime.http.plumbing import (SSE_HEADERS, Wake, endpoint, get, in_thread, parse, read_body,
                                            sse_line, submit)
 
 KEEP_ALIVE_S = 15.0  # an SSE comment at least this often, so proxies keep the stream open
@@ -33,17 +33,17 @@ def add_video_routes(app, api) -> None:
                                job.fields.frames, api.fps)
         return JSONResponse(video.to_json())
 
-    @app.api_route("/v1/videos", methods=["GET", "HEAD"], summary="The video jobs")
+    @get(app, "/v1/videos", summary="The video jobs")
     @endpoint
     async def video_list(request: Request):
         return JSONResponse({"object": "list", "data": [v.to_json() for v in api.videos.list()]})
 
-    @app.api_route("/v1/videos/{video_id}", methods=["GET", "HEAD"], summary="One video job")
+    @get(app, "/v1/videos/{video_id}", summary="One video job")
     @endpoint
     async def video_get(request: Request, video_id: str):
         return JSONResponse(api.videos.get(video_id).to_json())
 
-    @app.api_route("/v1/videos/{video_id}/content", methods=["GET", "HEAD"], summary="A job's MP4")
+    @get(app, "/v1/videos/{video_id}/content", summary="A job's MP4")
     @endpoint
     async def video_content(request: Request, video_id: str):
         return Response(await in_thread(api.videos.content, video_id), media_type="video/mp4")
