@@ -9,7 +9,14 @@ and size on this machine's CPU:
 Each: warm-up calls (not timed), then the median of N timed requests. Prints JSON, then a
 markdown table with the ratios to eager. Target: difflet <= 0.5x eager.
 
+`--http-against CHECKOUT` instead compares two HTTP fronts side by side: this checkout's
+`difflet-runtime --http-port` and the one of another checkout of Difflet (e.g. a `git worktree`
+of an older commit), both on the same artifacts, requests alternating between them over a
+keep-alive connection (so drift on shared cores hits both alike). Target: this front's median
+within 5% of the other's (the FastAPI front vs the stdlib one it replaced, issue 31).
+
     python bench/request_latency.py [--n 20] [--warmup 3] [--store DIR] [--steps 4]
+    git worktree add /tmp/old f391126 && python bench/request_latency.py --http-against /tmp/old
 """
 from __future__ import annotations
 
@@ -91,13 +98,77 @@ def bench_pipeline(ckpt: Path, profile: dict, steps: int, n: int, warmup: int, c
     return timed(call, n, warmup)
 
 
+def bench_http_fronts(art: Path, other: Path, profile: dict, steps: int, n: int, warmup: int) -> dict:
+    """{"this": stats, "other": stats}: one image request per round to each server, alternating."""
+    import base64
+    import http.client
+    import os
+
+    from difflet.runtime.demo import launch_server, read_line, stop_server
+
+    body = json.dumps({"prompt": PROMPT, "seed": SEED, "num_inference_steps": steps,
+                       "guidance_scale": float(profile["guidance"])})
+    servers, conns, samples = {}, {}, {"this": [], "other": []}
+    try:
+        for name, checkout in (("this", REPO), ("other", other)):
+            env = {"PYTHONPATH": str(checkout)}
+            state = tempfile.mkdtemp(prefix=f"difflet-bench-{name}-")
+            servers[name] = launch_server(art, ("--http-port", "0", "--state-dir", state), env)
+            host, port = read_line(servers[name], "http on ").rsplit(":", 1)
+            read_line(servers[name], "listening on ")
+            conns[name] = http.client.HTTPConnection(host, int(port), timeout=600)
+
+        def call(name: str) -> float:
+            start = time.perf_counter()
+            conns[name].request("POST", "/v1/images/generations", body, {"Content-Type": "application/json"})
+            resp = conns[name].getresponse()
+            reply = json.loads(resp.read())
+            took = (time.perf_counter() - start) * 1000.0
+            assert resp.status == 200 and base64.b64decode(reply["data"][0]["b64_json"]), reply
+            return took
+
+        for i in range(warmup + n):
+            for name in (("this", "other") if i % 2 == 0 else ("other", "this")):
+                took = call(name)
+                if i >= warmup:
+                    samples[name].append(took)
+    finally:
+        for conn in conns.values():
+            conn.close()
+        for proc in servers.values():
+            stop_server(proc)
+    return {name: {"median_ms": statistics.median(v), "min_ms": min(v), "max_ms": max(v), "n": n,
+                   "warmup": warmup} for name, v in samples.items()}
+
+
+def main_http(args, module, profile, steps, art: Path) -> int:
+    rows = bench_http_fronts(art, args.http_against, profile, steps, args.n, args.warmup)
+    ratio = rows["this"]["median_ms"] / rows["other"]["median_ms"]
+    report = {"model": module.name, "height": profile["height"], "width": profile["width"],
+              "steps": steps, "other_checkout": str(args.http_against), "results": rows,
+              "ratio_this_to_other": ratio, "target": "this <= 1.05x other", "target_met": ratio <= 1.05}
+    print(json.dumps(report, indent=2))
+    print()
+    print(f"| HTTP front ({module.name}, {profile['height']}x{profile['width']}, {steps} steps) "
+          "| median ms | min ms | max ms | ratio |")
+    print("|---|---:|---:|---:|---:|")
+    for name, row in rows.items():
+        print(f"| {name} | {row['median_ms']:.1f} | {row['min_ms']:.1f} | {row['max_ms']:.1f} | "
+              f"{row['median_ms'] / rows['other']['median_ms']:.3f}x |")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=20, help="timed requests per variant")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=None, help="default: the profile's")
     parser.add_argument("--store", type=Path, default=None, help="program store (default: the user cache)")
+    parser.add_argument("--http-against", type=Path, default=None, metavar="CHECKOUT",
+                        help="compare this HTTP front with the one of another Difflet checkout")
     args = parser.parse_args(argv)
+    if args.http_against is not None and not (args.http_against / "difflet" / "runtime").is_dir():
+        parser.error(f"--http-against: {args.http_against} is not a Difflet checkout")
 
     import torch
 
@@ -109,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         module, result = build_artifacts(store, Path(tmp) / "art")
         profile = module.attrs["profile"].to_python()
         steps = args.steps or int(profile["steps"])
+        if args.http_against is not None:
+            return main_http(args, module, profile, steps, Path(tmp) / "art")
         ckpt = resolve_weights(module, "random:0", store)
         rows = {
             "difflet": bench_difflet(Path(tmp) / "art", profile, steps, args.n, args.warmup),
