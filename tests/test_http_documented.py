@@ -179,7 +179,7 @@ class Dispatcher:
 
 
 def finished_job(mp4: bytes, released: bool = True):
-    job = SimpleNamespace(code="ok", message="", result={"mp4": mp4}, dispatched=0.0,
+    job = SimpleNamespace(code="ok", message="", result={"mp4": mp4}, dispatched=0.0, owner="",
                           fields=SimpleNamespace(seed=1, steps=2), release=threading.Event())
     if released:
         job.release.set()
@@ -196,12 +196,12 @@ def test_a_video_larger_than_the_content_bound_fails_with_content_too_large():
     try:
         jobs = VideoJobs(Dispatcher(), store, retention_s=3600)
         fits, too_large = (jobs.add(finished_job(bytes(n)), "m", "32x32", 9, 8.0) for n in (100, 101))
-        assert ended(jobs, fits)["status"] == "completed" and jobs.content(fits.id) == bytes(100)
+        assert ended(jobs, fits)["status"] == "completed" and jobs.content(fits.id, "") == bytes(100)
         record = ended(jobs, too_large)
         assert (record["status"], record["error"]["code"]) == ("failed", "content_too_large"), record
         assert "101 bytes" in record["error"]["message"] and "bound of 100 bytes" in record["error"]["message"]
         with pytest.raises(ApiError) as err:
-            jobs.content(too_large.id)
+            jobs.content(too_large.id, "")
         assert (err.value.status, err.value.code) == (404, "not_ready")
         assert store.used_bytes() == 100  # the file that fits is kept, the other never stored
     finally:
@@ -222,13 +222,13 @@ def test_finished_job_records_are_capped_oldest_first():
             done.append(jobs.add(finished_job(b"d"), "m", "32x32", 9, 8.0))
             assert ended(jobs, done[-1])["status"] == "completed"
         assert len(jobs._jobs) == 4  # held in memory as well, before anything reads the jobs
-        assert {v.id for v in jobs.list()} == {running.id, *(v.id for v in done[2:])}
+        assert {v.id for v in jobs.list("")} == {running.id, *(v.id for v in done[2:])}
         for gone in done[:2]:
             with pytest.raises(ApiError) as err:
-                jobs.get(gone.id)
+                jobs.get(gone.id, "")
             assert err.value.status == 404
         running.job.release.set()
         assert ended(jobs, running)["status"] == "completed"
-        assert {v.id for v in jobs.list()} == {running.id, done[3].id, done[4].id}
+        assert {v.id for v in jobs.list("")} == {running.id, done[3].id, done[4].id}
     finally:
         store.close()

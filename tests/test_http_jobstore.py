@@ -51,8 +51,8 @@ class FakeDispatcher:
     def cancel(self, job, code, message):
         return "queued" if job.finish(code, message) else ""
 
-    def submit(self, request, deadline):
-        job = Job(request, deadline)
+    def submit(self, request, deadline, owner=""):
+        job = Job(request, deadline, owner)
         with self.changed:
             self.submitted.append((request, deadline))
             self.jobs.append(job)
@@ -99,7 +99,7 @@ made["failed"].job.finish("internal", "RuntimeError: boom")
 made["running"].job.started(SimpleNamespace(index=0, pid=1))   # sent to a model process
 made["running"].job.progress(1, 4, False, 1)
 made["sent"].job.started(SimpleNamespace(index=0, pid=1))   # sent, killed before its first step
-jobs.delete(made["deleted"].id)
+jobs.delete(made["deleted"].id, "")
 cancelled = made["cancelled"].job
 cancelled.finish("cancelled", "cancelled by a Cancel call")  # answered while queued ...
 for name in ("done", "old", "failed", "cancelled"):
@@ -132,12 +132,12 @@ def test_recovery_after_kill_serves_ended_fails_the_running_and_resubmits_the_qu
     store = ContentStore(3600, 1 << 20, state_dir=str(tmp_path))
     try:
         jobs = VideoJobs(dispatcher, store, 3600, model="wan21_tiny")
-        record = {name: jobs.get(ids[name]).to_json() for name in ids if name not in ("old", "deleted")}
+        record = {name: jobs.get(ids[name], "").to_json() for name in ids if name not in ("old", "deleted")}
         for gone in ("old", "deleted"):
             with pytest.raises(ApiError) as err:
-                jobs.get(ids[gone])
+                jobs.get(ids[gone], "")
             assert err.value.status == 404
-        assert record["done"]["status"] == "completed" and jobs.content(ids["done"]) == b"mp4 of done"
+        assert record["done"]["status"] == "completed" and jobs.content(ids["done"], "") == b"mp4 of done"
         assert (record["failed"]["status"], record["failed"]["error"]["code"]) == ("failed", "internal")
         assert (record["cancelled"]["status"], record["cancelled"]["error"]["code"]) == ("failed", "cancelled")
         for name in ("running", "sent"):  # in a model process when it died: never run twice
@@ -152,14 +152,14 @@ def test_recovery_after_kill_serves_ended_fails_the_running_and_resubmits_the_qu
         dispatcher.wait_submitted(2)
         assert [r for r, _ in dispatcher.submitted] == [request(5), request(6)]  # same requests, in order
         assert dispatcher.submitted[0][1] is None and dispatcher.submitted[1][1] is not None
-        late = ended(jobs, jobs.get(ids["late"]))
+        late = ended(jobs, jobs.get(ids["late"], ""))
         assert (late["status"], late["error"]["code"]) == ("failed", "deadline")
         for job, name in zip(dispatcher.jobs, ("queued1", "queued2")):
             job.finish("ok", "", {"mp4": name.encode()})
-            assert ended(jobs, jobs.get(ids[name]))["status"] == "completed"
-            assert jobs.content(ids[name]) == name.encode()
+            assert ended(jobs, jobs.get(ids[name], ""))["status"] == "completed"
+            assert jobs.content(ids[name], "") == name.encode()
         assert len(dispatcher.submitted) == 2  # the running, sent and late ones never again
-        listed = [v.id for v in jobs.list()]
+        listed = [v.id for v in jobs.list("")]
         assert sorted(listed) == sorted(ids[n] for n in ids if n not in ("old", "deleted"))
     finally:
         store.close()
@@ -177,7 +177,7 @@ def test_a_restored_queued_job_deleted_before_the_model_is_ready_never_runs(tmp_
     try:
         jobs = VideoJobs(dispatcher, store, 3600, model="wan21_tiny")
         jobs.resume()
-        assert jobs.delete(ids["queued1"])["cancelled"] == "queued"
+        assert jobs.delete(ids["queued1"], "")["cancelled"] == "queued"
         dispatcher.replicas[0].started.set()
         dispatcher.wait_submitted(2)  # queued2 and late, the last two: queued1 was passed over
         assert [r.request_id for r, _ in dispatcher.submitted] == ["video-6", "video-7"]
@@ -193,9 +193,9 @@ def test_another_model_fails_the_restored_queued_jobs(tmp_path):
     try:
         jobs = VideoJobs(dispatcher, store, 3600, model="flux_tiny")
         jobs.resume()
-        error = ended(jobs, jobs.get(ids["queued1"]))["error"]
+        error = ended(jobs, jobs.get(ids["queued1"], ""))["error"]
         assert error["code"] == "unavailable" and "now serves 'flux_tiny'" in error["message"]
-        assert jobs.content(ids["done"]) == b"mp4 of done"  # what was made stays served
+        assert jobs.content(ids["done"], "") == b"mp4 of done"  # what was made stays served
         assert dispatcher.submitted == []
     finally:
         store.close()
@@ -257,3 +257,61 @@ def test_state_dir_without_http_is_one_error_line(tmp_path):
     assert out.returncode == 2 and out.stderr.strip().splitlines() == [
         "error: Invalid value for --state-dir: it keeps the HTTP API's jobs: give --http-port too"], out.stderr
     assert not (tmp_path / "state").exists()
+
+
+def test_video_jobs_are_scoped_to_their_owner_across_a_restart(tmp_path):
+    """Issue 31 item 2: with several API keys, a job is its key's only (the owner tag, auth.Keys):
+    another key's holder gets 404 for it on every route (as for a job never made) and does not
+    see it listed; the owner is recorded, so this holds after a restart too."""
+    a, b = "k" + "a" * 16, "k" + "b" * 16
+    store = ContentStore(3600, 1 << 20, state_dir=tmp_path)
+    jobs = VideoJobs(FakeDispatcher(), store, 3600, model="wan21_tiny")
+    mine = jobs.add(Job(request(1), None, owner=a), "wan21_tiny", "32x32", 9, 16.0)
+    mine.job.finish("ok", "", {"mp4": b"mp4 of a"})
+    ended(jobs, mine)
+    queued = jobs.add(Job(request(2), None, owner=a), "wan21_tiny", "32x32", 9, 16.0)
+
+    def scoped(jobs) -> None:
+        assert {v.id for v in jobs.list(a)} == {queued.id, mine.id}
+        assert jobs.list(b) == [] and jobs.list("") == []
+        assert jobs.content(mine.id, a) == b"mp4 of a"
+        for call in (lambda: jobs.get(mine.id, b), lambda: jobs.content(mine.id, b),
+                     lambda: jobs.delete(queued.id, b), lambda: jobs.get(mine.id, "")):
+            with pytest.raises(ApiError) as err:
+                call()
+            assert err.value.status == 404 and err.value.code == "not_found", err.value.message
+        assert jobs.get(queued.id, a).status == "queued"  # b's DELETE did not touch it
+
+    scoped(jobs)
+    store.close()
+    dispatcher = FakeDispatcher()
+    again = VideoJobs(dispatcher, ContentStore(3600, 1 << 20, state_dir=tmp_path), 3600, model="wan21_tiny")
+    try:
+        scoped(again)
+        dispatcher.replicas[0].started.set()
+        again.resume()
+        dispatcher.wait_submitted(1)
+        assert dispatcher.jobs[0].owner == a  # resubmitted under its owner
+    finally:
+        again.store.close()
+
+
+def test_a_version_1_job_store_gains_the_owner_column(tmp_path):
+    """A state dir written before owners (format 1) opens: its jobs belong to the keyless owner."""
+    (tmp_path / "content").mkdir()
+    db = sqlite3.connect(tmp_path / "jobs.sqlite3")
+    db.executescript("""CREATE TABLE videos (n INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL,
+        request TEXT NOT NULL, model TEXT NOT NULL, size TEXT NOT NULL, frames INTEGER NOT NULL,
+        fps REAL NOT NULL, status TEXT NOT NULL, progress INTEGER NOT NULL, error TEXT,
+        created_at INTEGER NOT NULL, completed_at INTEGER, deadline REAL, expires REAL);
+        CREATE TABLE content (name TEXT PRIMARY KEY, bytes INTEGER NOT NULL, expires REAL NOT NULL);
+        PRAGMA user_version = 1;""")
+    db.execute("INSERT INTO videos (id, request, model, size, frames, fps, status, progress, created_at) "
+               "VALUES ('video_old', '{}', 'wan21_tiny', '32x32', 9, 16.0, 'queued', 0, 1)")
+    db.commit()
+    db.close()
+    store = JobStore.open(tmp_path)
+    try:
+        assert [(r["id"], r["owner"]) for r in store.videos()] == [("video_old", "")]
+    finally:
+        store.close()

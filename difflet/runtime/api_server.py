@@ -37,7 +37,7 @@ class DiffletServer:
     def __init__(self, art: str, host: str = "127.0.0.1", port: int = 0, *, queue_size: int = 16,
                  request_timeout: float | None = None, grace: float = 10.0, cache: str = "off",
                  replicas: int = 0, expect: dict | None = None, verify: bool = True,
-                 threads: int = 0, prompt_policy: str = "truncate", api_key: str | None = None,
+                 threads: int = 0, prompt_policy: str = "truncate", api_keys: tuple[str, ...] = (),
                  tls: tuple[str, str] | None = None, max_batch: int | None = None,
                  lossless_video: bool = False, loras: tuple[tuple[str, str, float], ...] = (),
                  calibrations: dict[str, str] | None = None) -> None:
@@ -78,21 +78,22 @@ class DiffletServer:
                                      metrics=self.metrics, on_health=self._on_health,
                                      log=_log)
         self.metrics.watch(self.dispatcher)
+        from difflet.runtime.http.auth import ApiKeyInterceptor, Keys
+
+        self.keys = Keys(api_keys)  # each key's holders own what they make (http/auth.py)
         self.servicer = DiffletServicer(self.info, self.admission, self.dispatcher, self.metrics,
                                         request_timeout=request_timeout, cache=self.cache,
-                                        serving_state=self.serving_state)
+                                        serving_state=self.serving_state, keys=self.keys)
         # every accepted request holds a handler thread while it waits; beyond that, gRPC
         # itself refuses with RESOURCE_EXHAUSTED rather than parking calls unseen
         workers = queue_size + replicas * self.max_batch + 32
         # ---- HTTP API, API key, TLS (issue 14)
-        self.api_key, self.tls, self.http = api_key or None, tls, None
+        self.tls, self.http = tls, None
         self.serving_now = False
         interceptors = []
-        if self.api_key:
-            from difflet.runtime.http.auth import ApiKeyInterceptor
-
+        if self.keys:
             interceptors.append(ApiKeyInterceptor(
-                self.api_key, on_reject=lambda: self.metrics.rejected("unauthenticated")))
+                self.keys, on_reject=lambda: self.metrics.rejected("unauthenticated")))
         # ---- end HTTP API block
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers),
                                    maximum_concurrent_rpcs=workers, interceptors=interceptors)
@@ -130,7 +131,7 @@ class DiffletServer:
 
         self.http = HttpApi(self.info, self.admission, self.dispatcher, self.metrics,
                             request_timeout=self.request_timeout, serving=lambda: self.serving_now,
-                            api_key=self.api_key, tls=self.tls, content_retention_s=retention_s,
+                            keys=self.keys, tls=self.tls, content_retention_s=retention_s,
                             content_max_bytes=max_mb << 20, state_dir=state_dir)
         try:
             return self.http.start(self.host, port)

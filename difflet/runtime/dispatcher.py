@@ -54,7 +54,7 @@ class Dispatcher:
         self.recoveries = 0
         self._lock = threading.RLock()
         self._queue: deque[Job] = deque()
-        self._active: dict[str, Job] = {}
+        self._active: dict[tuple[str, str], Job] = {}  # (owner, request id) -> job
         self._seq = itertools.count()
         self._closed = False
         self._serving = False
@@ -91,8 +91,9 @@ class Dispatcher:
             r.stop()
 
     # ---- admission and answers (any thread)
-    def submit(self, fields: Request, deadline: float | None) -> Job:
-        """Accept the request admission resolved (`Admission.check`)."""
+    def submit(self, fields: Request, deadline: float | None, owner: str = "") -> Job:
+        """Accept the request admission resolved (`Admission.check`). `owner`: the API key's tag
+        (http/auth.py); request ids are unique per owner, and only the owner cancels by id."""
         with self._lock:
             if self._closed:
                 raise Rejected("unavailable", "the server is shutting down")
@@ -101,16 +102,16 @@ class Dispatcher:
                                + "; ".join(r.error for r in self.replicas) + ")")
             if not self._ever_ready:
                 raise Rejected("unavailable", "the model is still loading")
-            if fields.request_id in self._active:
+            if (owner, fields.request_id) in self._active:
                 raise Rejected("duplicate_id", f"request_id: {fields.request_id!r} is already in flight")
             running = sum(r.slots for r in self.replicas)
             if len(self._active) >= self.queue_size + running:
                 raise Rejected("queue_full", f"the queue is full ({self.queue_size} waiting + "
                                              f"{running} running); retry later")
-            job = Job(fields, deadline)
+            job = Job(fields, deadline, owner)
             job.post(("queued", len(self._queue)))
             self._queue.append(job)
-            self._active[job.request_id] = job
+            self._active[job.owner, job.request_id] = job
             self._dispatch()
             return job
 
@@ -150,9 +151,9 @@ class Dispatcher:
                 r.cancel(job)
             return "running"
 
-    def cancel_id(self, request_id: str) -> str:
+    def cancel_id(self, request_id: str, owner: str = "") -> str:
         with self._lock:
-            job = self._active.get(request_id)
+            job = self._active.get((owner, request_id))
             return self.cancel(job, "cancelled", "cancelled by a Cancel call") if job else ""
 
     def next_seq(self) -> int:
@@ -220,7 +221,7 @@ class Dispatcher:
     # ---- state (lock held)
     def _answer(self, job: Job, code: str, message: str, result=None) -> None:
         if job.finish(code, message, result):
-            self._active.pop(job.request_id, None)
+            self._active.pop((job.owner, job.request_id), None)
             if self.metrics:
                 self.metrics.answered(job)
 

@@ -25,8 +25,8 @@ OUTCOMES = ("ok", "invalid", "internal", "cancelled", "deadline", "unavailable")
 
 
 class Job:
-    def __init__(self, fields: Request, deadline: float | None) -> None:
-        self.fields = fields
+    def __init__(self, fields: Request, deadline: float | None, owner: str = "") -> None:
+        self.fields, self.owner = fields, owner  # owner: the API key's tag (http/auth.py)
         self.request_id: str = fields.request_id
         self.deadline = deadline  # time.monotonic() value, or None
         self.admitted = time.monotonic()

@@ -5,7 +5,7 @@ process(es), whose parts `api_server.DiffletServer` assembles; this module is th
     difflet-runtime --artifacts ART --port P [--queue-size N] [--request-timeout S] [--grace S]
                     [--cache MODE] [--metrics-port P] [--replicas N] [--threads N] [--max-batch N]
                     [--profile KEY=VALUE ...] [--prompt-policy truncate|strict]
-                    [--http-port P] [--api-key KEY] [--tls-cert PEM --tls-key PEM] [--state-dir DIR]
+                    [--http-port P] [--api-key KEY ...] [--tls-cert PEM --tls-key PEM] [--state-dir DIR]
 
 Invariants:
 - Startup order: torch-free artifact checks (manifest vs module.ir, hashes of module.ir, rank
@@ -153,8 +153,10 @@ def _adapters(specs: tuple[str, ...]) -> tuple[tuple[str, str, float], ...]:
 # ---- HTTP API, API key, TLS (issue 14)
 @click.option("--http-port", default=None, type=click.IntRange(0, 65535),
               help="serve the OpenAI-compatible HTTP API and playground on this port (0 picks one)")
-@click.option("--api-key", envvar="DIFFLET_API_KEY", default=None,
-              help="require this key (Bearer on HTTP, authorization metadata on gRPC) [env DIFFLET_API_KEY]")
+@click.option("--api-key", "api_keys", envvar="DIFFLET_API_KEY", multiple=True,
+              help="require a key (Bearer on HTTP, authorization metadata on gRPC); repeatable: each "
+                   "key's holders see only the jobs they made [env DIFFLET_API_KEY, keys separated "
+                   "by spaces]")
 @click.option("--tls-cert", default=None, type=click.Path(dir_okay=False, exists=True),
               help="PEM certificate chain: serve gRPC and HTTP over TLS (with --tls-key)")
 @click.option("--tls-key", default=None, type=click.Path(dir_okay=False, exists=True),
@@ -169,7 +171,7 @@ def _adapters(specs: tuple[str, ...]) -> tuple[tuple[str, str, float], ...]:
                    "directory [default: $XDG_STATE_HOME/difflet or ~/.local/state/difflet]")
 def main(art: str, port: int, host: str, queue_size: int, request_timeout: float, grace: float,
          cache: str, metrics_port: int | None, replicas: int, threads: int,
-         expect: tuple[str, ...], no_verify: bool, http_port: int | None, api_key: str | None,
+         expect: tuple[str, ...], no_verify: bool, http_port: int | None, api_keys: tuple[str, ...],
          tls_cert: str | None, tls_key: str | None, http_content_retention: float,
          http_content_mb: int, prompt_policy: str, max_batch: int, loras: tuple[str, ...],
          lossless_video: bool, calibrations: tuple[str, ...], state_dir: str | None) -> None:
@@ -198,7 +200,7 @@ def main(art: str, port: int, host: str, queue_size: int, request_timeout: float
         server = DiffletServer(art, host, port, queue_size=queue_size,
                                request_timeout=request_timeout or None, grace=grace, cache=cache,
                                replicas=replicas, expect=_expectations(expect), verify=not no_verify,
-                               threads=threads, prompt_policy=prompt_policy, api_key=api_key,
+                               threads=threads, prompt_policy=prompt_policy, api_keys=api_keys,
                                tls=(tls_cert, tls_key) if tls_cert else None, max_batch=max_batch or None,
                                lossless_video=lossless_video, loras=adapters,
                                calibrations=_calibrations(calibrations))

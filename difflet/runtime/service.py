@@ -51,9 +51,14 @@ class DiffletServicer(pb_grpc.DiffletServicer):
     """Translates calls; `admission`, `dispatcher` and `serving_state` are set by the server."""
 
     def __init__(self, info, admission, dispatcher, metrics, *, request_timeout: float | None,
-                 cache: str, serving_state: Callable[[], pb.ServingState]) -> None:
+                 cache: str, serving_state: Callable[[], pb.ServingState], keys=None) -> None:
+        """`keys`: the server's http.auth.Keys: a call's key is its owner (request ids and Cancel
+        are scoped to it)."""
+        from difflet.runtime.http.auth import Keys
+
         self.info, self.admission, self.dispatcher, self.metrics = info, admission, dispatcher, metrics
         self.request_timeout, self.cache, self.serving_state = request_timeout, cache, serving_state
+        self.keys = keys if keys is not None else Keys(())
 
     # ---- admission
     def _admit(self, request: pb.GenerateRequest, context: grpc.ServicerContext):
@@ -63,7 +68,7 @@ class DiffletServicer(pb_grpc.DiffletServicer):
             self.metrics.rejected("invalid_argument")
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, err.message)
         try:
-            job = self.dispatcher.submit(fields, self._deadline(context))
+            job = self.dispatcher.submit(fields, self._deadline(context), owner=self.keys.owner_of_call(context))
         except Rejected as rej:
             self.metrics.rejected(rej.reason)
             context.abort(_REJECT_CODES[rej.reason], rej.message)
@@ -130,7 +135,7 @@ class DiffletServicer(pb_grpc.DiffletServicer):
     def Cancel(self, request: pb.CancelRequest, context: grpc.ServicerContext) -> pb.CancelReply:
         if not request.request_id:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id: must be non-empty")
-        state = self.dispatcher.cancel_id(request.request_id)
+        state = self.dispatcher.cancel_id(request.request_id, self.keys.owner_of_call(context))
         return pb.CancelReply(found=bool(state), state=state)
 
     def GetProfile(self, request: pb.GetProfileRequest, context: grpc.ServicerContext) -> pb.Profile:

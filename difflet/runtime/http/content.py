@@ -27,6 +27,11 @@ from typing import Callable
 from difflet.runtime.http.jobstore import JobStore
 
 
+def owned(owner: str, name: str) -> str:
+    """The stored name of an owner's file (auth.Keys: the owner is its key's tag, "" without keys)."""
+    return f"{owner}-{name}" if owner else name
+
+
 class ContentStore:
     def __init__(self, retention_s: float, max_bytes: int,
                  on_evict: Callable[[str], None] = lambda name: None, state_dir: str | None = None) -> None:

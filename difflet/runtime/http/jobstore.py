@@ -26,13 +26,14 @@ from typing import Any
 from difflet.errors import DiffletError
 
 log = logging.getLogger("difflet.runtime")
-SCHEMA_VERSION = 1
-VIDEO_COLUMNS = ("id", "request", "model", "size", "frames", "fps", "status", "progress", "error",
+SCHEMA_VERSION = 2  # 2: videos.owner
+VIDEO_COLUMNS = ("id", "owner", "request", "model", "size", "frames", "fps", "status", "progress", "error",
                  "created_at", "completed_at", "deadline", "expires")
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS videos (
     n INTEGER PRIMARY KEY AUTOINCREMENT,  -- admission order: queued jobs are resubmitted in it
     id TEXT UNIQUE NOT NULL,
+    owner TEXT NOT NULL DEFAULT '',       -- the API key's tag (auth.Keys): only its holders see the job
     request TEXT NOT NULL,                -- the admitted Request as msgspec JSON
     model TEXT NOT NULL, size TEXT NOT NULL, frames INTEGER NOT NULL, fps REAL NOT NULL,
     status TEXT NOT NULL,                 -- queued | in_progress | completed | failed
@@ -95,7 +96,7 @@ class JobStore:
                     f"({', '.join('?' * len(cols))})", [row[c] for c in cols])
 
     def set_video(self, video_id: str, **changes: Any) -> None:
-        cols = [c for c in VIDEO_COLUMNS[2:] if c in changes]
+        cols = [c for c in VIDEO_COLUMNS[3:] if c in changes]
         assert len(cols) == len(changes), changes  # only known columns: names go into the SQL text
         self._write(f"UPDATE videos SET {', '.join(c + ' = ?' for c in cols)} WHERE id = ?",
                     [changes[c] for c in cols] + [video_id])
@@ -155,7 +156,9 @@ def _connect(path: Path) -> sqlite3.Connection:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
         version = db.execute("PRAGMA user_version").fetchone()[0]
-        if version not in (0, SCHEMA_VERSION):
+        if version == 1:  # before owners: its jobs belong to the keyless owner ""
+            db.execute("ALTER TABLE videos ADD COLUMN owner TEXT NOT NULL DEFAULT ''")
+        elif version not in (0, SCHEMA_VERSION):
             raise DiffletError(f"{path}: job store format {version}, this server reads "
                                f"{SCHEMA_VERSION}; give another --state-dir", where="--state-dir")
         db.executescript(SCHEMA)

@@ -4,7 +4,8 @@ waiting for a job without blocking the event loop, and Server-Sent Events.
 Invariants:
 - The API key (when set) is checked from the headers before routing and before the body is
   read (`KeyCheck`, an ASGI middleware); a refused request never reaches admission (401, the
-  connection closed, counted `unauthenticated`). PUBLIC paths need no key.
+  connection closed, counted `unauthenticated`). PUBLIC paths need no key. The key's owner tag
+  (auth.Keys) is the request's `owner`: what it makes is scoped to it.
 - Every error reply is OpenAI-shaped (errors.ApiError). An unexpected exception is a 500 that
   names an incident id and carries no exception text; the traceback goes to the server log.
 - A body needs a Content-Length of at most MAX_BODY (411/413 otherwise, before it is read) and
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
 import json
 import logging
 import queue
@@ -65,8 +65,9 @@ class KeyCheck:
         if scope["type"] == "http":
             path = scope["path"].rstrip("/") or "/"
             scope["path"] = path
-            key = self.api.api_key
-            if key and path not in PUBLIC and not _has_key(scope, key):
+            found = self.api.keys.owner(dict(scope["headers"]).get(b"authorization", b""))
+            scope.setdefault("state", {})["owner"] = found or ""
+            if found is None and path not in PUBLIC:
                 self.api.metrics.rejected("unauthenticated")
                 err = ApiError(401, "a valid API key is required (Authorization: Bearer KEY)",
                                "invalid_request_error", None, "invalid_api_key")
@@ -74,9 +75,9 @@ class KeyCheck:
         await self.app(scope, receive, send)
 
 
-def _has_key(scope, key: str) -> bool:
-    got = dict(scope["headers"]).get(b"authorization", b"")
-    return got.startswith(b"Bearer ") and hmac.compare_digest(got[7:].strip(), key.encode())
+def owner(request: Request) -> str:
+    """The owner tag of the request's API key ("" without keys): see auth.Keys."""
+    return request.scope.get("state", {}).get("owner", "")
 
 
 def get(app, path: str, **kw):
@@ -131,9 +132,10 @@ def parse(api, parser, *args):
         raise
 
 
-async def submit(api, fields: dict, request_id: str, timeout, spelled: dict | None = None):
-    """(the admitted job, what admission cut of its prompt); the cut is logged as gRPC logs it.
-    `spelled`: field -> the body field it came from, where that is another one."""
+async def submit(api, request: Request, fields: dict, request_id: str, timeout, spelled: dict | None = None):
+    """(the admitted job, what admission cut of its prompt), owned by the request's key; the cut
+    is logged as gRPC logs it. `spelled`: field -> the body field it came from, where that is
+    another one."""
     try:
         checked, cuts = await in_thread(lambda: api.admission.admit(**fields, request_id=request_id))
     except DiffletError as err:
@@ -142,7 +144,7 @@ async def submit(api, fields: dict, request_id: str, timeout, spelled: dict | No
     limits = [t for t in (timeout, api.request_timeout) if t]
     deadline = time.monotonic() + min(limits) if limits else None
     try:
-        job = api.dispatcher.submit(checked, deadline)
+        job = api.dispatcher.submit(checked, deadline, owner(request))
     except Rejected as rej:
         api.metrics.rejected(rej.reason)
         raise from_rejected(rej) from None

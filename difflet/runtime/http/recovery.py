@@ -48,6 +48,7 @@ def submit_again(dispatcher, admission, model: str, video):
     if deadline is not None and deadline <= time.time():
         raise Refused("deadline", "the request deadline passed while the server was down")
     try:
-        return dispatcher.submit(request, None if deadline is None else time.monotonic() + deadline - time.time())
+        return dispatcher.submit(request, None if deadline is None else time.monotonic() + deadline - time.time(),
+                                 owner=video.owner)
     except Rejected as rej:
         raise Refused(rej.reason, f"not queued again after the restart: {rej.message}") from None

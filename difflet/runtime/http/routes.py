@@ -24,9 +24,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from difflet.runtime.http import fields as F
 from difflet.runtime.http import openapi
+from difflet.runtime.http.content import owned
 from difflet.runtime.http.errors import ApiError, bad_field, from_job
 from difflet.runtime.http.plumbing import (SSE_HEADERS, KeyCheck, endpoint, error_response, get, in_thread,
-                                           job_events, parse, read_body, sse_line, submit, wait_jobs)
+                                           job_events, owner, parse, read_body, sse_line, submit,
+                                           wait_jobs)
 from difflet.runtime.http.video_routes import add_video_routes
 from difflet.version import __version__
 
@@ -75,7 +77,8 @@ def build_app(api) -> FastAPI:
     @get(app, "/v1/images/{name}", summary="An image of a url reply")
     @endpoint
     async def image_content(request: Request, name: str):
-        data = api.content.get(name) if "." in name and not name.endswith(".mp4") else None
+        # stored under its owner's tag: another key's holder asks for another file (404)
+        data = api.content.get(owned(owner(request), name)) if "." in name and not name.endswith(".mp4") else None
         if data is None:
             raise ApiError(404, f"no image {name!r} (never made, or expired)", param="url", code="not_found")
         return Response(data, media_type=MIME.get(name.rsplit(".", 1)[1], "application/octet-stream"))
@@ -121,7 +124,7 @@ class Images:
         return JSONResponse({"created": int(time.time()), "data": data})
 
     async def _submit(self, fields, timeout):
-        job, cuts = await submit(self.api, fields, self.api.new_id("img"), timeout)
+        job, cuts = await submit(self.api, self.request, fields, self.api.new_id("img"), timeout)
         self.cuts[job.request_id] = cuts
         return job
 
@@ -134,7 +137,7 @@ class Images:
         if opts["response_format"] == "url":
             name = f"{job.request_id}.{fmt}"
             try:
-                await in_thread(api.content.put, name, image)
+                await in_thread(api.content.put, owned(job.owner, name), image)
             except ValueError as err:
                 raise ApiError(507, str(err), "server_error", None, "content_too_large") from None
             scheme = "https" if api.tls else "http"

@@ -11,8 +11,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from difflet.runtime.http import fields as F
 from difflet.runtime.http import openapi
 from difflet.runtime.http.errors import ApiError
-from difflet.runtime.http.plumbing import (SSE_HEADERS, Wake, endpoint, get, in_thread, parse, read_body,
-                                           sse_line, submit)
+from difflet.runtime.http.plumbing import (SSE_HEADERS, Wake, endpoint, get, in_thread, owner, parse,
+                                           read_body, sse_line, submit)
 
 KEEP_ALIVE_S = 15.0  # an SSE comment at least this often, so proxies keep the stream open
 
@@ -28,35 +28,35 @@ def add_video_routes(app, api) -> None:
         body = await read_body(request)
         timeout = parse(api, F.timeout, body)
         fields, spelled = parse(api, F.video_request, body, api.info, api.fps)
-        job, _ = await submit(api, fields, api.new_id("video"), timeout, spelled)
+        job, _ = await submit(api, request, fields, api.new_id("video"), timeout, spelled)
         video = api.videos.add(job, api.model_id, f"{job.fields.width}x{job.fields.height}",
-                               job.fields.frames, api.fps)
+                               job.fields.frames, api.fps)  # owned by job.owner
         return JSONResponse(video.to_json())
 
     @get(app, "/v1/videos", summary="The video jobs")
     @endpoint
     async def video_list(request: Request):
-        return JSONResponse({"object": "list", "data": [v.to_json() for v in api.videos.list()]})
+        return JSONResponse({"object": "list", "data": [v.to_json() for v in api.videos.list(owner(request))]})
 
     @get(app, "/v1/videos/{video_id}", summary="One video job")
     @endpoint
     async def video_get(request: Request, video_id: str):
-        return JSONResponse(api.videos.get(video_id).to_json())
+        return JSONResponse(api.videos.get(video_id, owner(request)).to_json())
 
     @get(app, "/v1/videos/{video_id}/content", summary="A job's MP4")
     @endpoint
     async def video_content(request: Request, video_id: str):
-        return Response(await in_thread(api.videos.content, video_id), media_type="video/mp4")
+        return Response(await in_thread(api.videos.content, video_id, owner(request)), media_type="video/mp4")
 
     @app.delete("/v1/videos/{video_id}", summary="Cancel and forget a video job")
     @endpoint
     async def video_delete(request: Request, video_id: str):
-        return JSONResponse(api.videos.delete(video_id))
+        return JSONResponse(api.videos.delete(video_id, owner(request)))
 
     @app.get("/v1/videos/{video_id}/events", summary="A job's changes as Server-Sent Events")
     @endpoint
     async def video_events(request: Request, video_id: str):
-        video = api.videos.get(video_id)  # 404 before the stream starts
+        video = api.videos.get(video_id, owner(request))  # 404 before the stream starts
         return StreamingResponse(_events(api.videos, video), media_type="text/event-stream",
                                  headers=SSE_HEADERS)
 
@@ -75,7 +75,7 @@ async def _events(videos, video):
             if status in ("completed", "failed"):
                 return
             try:
-                videos.get(video.id)
+                videos.get(video.id, video.owner)
             except ApiError as err:  # deleted meanwhile
                 yield sse_line(err.body())
                 return

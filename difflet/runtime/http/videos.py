@@ -39,11 +39,12 @@ ENDED = ("completed", "failed")
 
 class VideoJob:
     def __init__(self, job, model: str, size: str, frames: int, fps: float, *, video_id: str = "",
-                 created_at: int = 0, shown: dict | None = None) -> None:
+                 created_at: int = 0, shown: dict | None = None, owner: str = "") -> None:
         """`job`: the dispatcher Job, or None for a restored queued job not yet submitted again
-        (`shown`: its saved request's seed and steps)."""
+        (`shown`: its saved request's seed and steps). `owner`: the job's API key tag."""
         self.id = video_id or "video_" + secrets.token_hex(16)  # 128 bits: the id is the handle
         self.job, self.model, self.size, self.frames, self.fps = job, model, size, frames, fps
+        self.owner = job.owner if job is not None else owner
         fields = job.fields if job is not None else None
         self.seed = fields.seed if fields is not None else (shown or {}).get("seed")
         self.steps = fields.steps if fields is not None else (shown or {}).get("steps")
@@ -91,36 +92,39 @@ class VideoJobs:
                 deadline = None if job.deadline is None else time.time() + job.deadline - time.monotonic()
                 self.db.add_video(id=video.id, request=msgspec.json.encode(job.fields).decode(), model=model,
                                   size=size, frames=frames, fps=fps, status="queued", progress=0,
-                                  created_at=video.created_at, deadline=deadline)
+                                  created_at=video.created_at, deadline=deadline, owner=video.owner)
                 self._on_dispatch(video, job)
         self._start_watch(video)
         return video
 
-    def get(self, video_id: str) -> VideoJob:
+    def get(self, video_id: str, owner: str) -> VideoJob:
+        """The job, if `owner` made it (another key's job is as absent as a missing one)."""
         with self.changed:
             self._expire_records()
             video = self._jobs.get(video_id)
-        if video is None:
+        if video is None or video.owner != owner:
             raise ApiError(404, f"no video job {video_id!r} (never made, deleted, or expired "
                                 f"after its retention)", "invalid_request_error", "video_id", "not_found")
         return video
 
-    def list(self) -> list[VideoJob]:
+    def list(self, owner: str) -> list[VideoJob]:
+        """`owner`'s jobs, newest first."""
         with self.changed:
             self._expire_records()
-            return sorted(self._jobs.values(), key=lambda v: v.created_at, reverse=True)
+            mine = [v for v in self._jobs.values() if v.owner == owner]
+        return sorted(mine, key=lambda v: v.created_at, reverse=True)
 
-    def content(self, video_id: str) -> bytes:
-        video = self.get(video_id)
+    def content(self, video_id: str, owner: str) -> bytes:
+        video = self.get(video_id, owner)
         data = self.store.get(video.id + ".mp4") if video.status == "completed" else None
         if data is None:
             raise ApiError(404, f"video job {video_id!r} has no content (status {video.to_json()['status']})",
                            "invalid_request_error", "video_id", "not_ready")
         return data
 
-    def delete(self, video_id: str) -> dict[str, Any]:
+    def delete(self, video_id: str, owner: str) -> dict[str, Any]:
         """Cancel (queued: leaves the queue; running: stops at its next step boundary) and forget."""
-        video = self.get(video_id)
+        video = self.get(video_id, owner)
         message = f"cancelled by DELETE /v1/videos/{video_id}"
         if video.job is not None:
             state = self.dispatcher.cancel(video.job, "cancelled", message)
@@ -240,7 +244,8 @@ class VideoJobs:
             except msgspec.DecodeError:
                 shown = {}
             video = VideoJob(None, row["model"], row["size"], row["frames"], row["fps"], video_id=row["id"],
-                             created_at=row["created_at"], shown=shown if isinstance(shown, dict) else {})
+                             created_at=row["created_at"], shown=shown if isinstance(shown, dict) else {},
+                             owner=row["owner"])
             video.saved, video.progress, video.completed_at = row, row["progress"], row["completed_at"]
             video.error = json.loads(row["error"]) if row["error"] else None
             if row["status"] in ENDED:
