@@ -24,7 +24,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Callable
 
-from difflet.runtime.http.jobstore import JobStore
+from difflet.runtime.http.jobstore import JobRecords, JobStore
 
 
 def owned(owner: str, name: str) -> str:
@@ -36,7 +36,7 @@ class ContentStore:
     def __init__(self, retention_s: float, max_bytes: int,
                  on_evict: Callable[[str], None] = lambda name: None, state_dir: str | None = None) -> None:
         self.retention_s, self.max_bytes, self.on_evict = retention_s, max_bytes, on_evict
-        self.state = JobStore.open(state_dir) if state_dir else None
+        self.state: JobRecords | None = JobStore.open(state_dir) if state_dir else None
         self.root = self.state.content_dir if self.state else Path(tempfile.mkdtemp(prefix="difflet-content-"))
         self._files: OrderedDict[str, tuple[int, float]] = OrderedDict()  # name -> (bytes, expiry)
         self._used = 0

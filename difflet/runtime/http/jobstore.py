@@ -21,7 +21,7 @@ import os
 import sqlite3
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from difflet.errors import DiffletError
 
@@ -54,8 +54,26 @@ def default_state_dir() -> Path:
     return root / "difflet"
 
 
+class JobRecords(Protocol):
+    """What VideoJobs and ContentStore ask of a job store: the interface a shared store (Redis,
+    for several API processes) implements beside JobStore. Rows are dicts of VIDEO_COLUMNS;
+    every write is durable when the call returns; `videos()` is in admission order."""
+
+    content_dir: Path
+
+    def add_video(self, **row: Any) -> None: ...
+    def set_video(self, video_id: str, **changes: Any) -> None: ...
+    def drop_videos(self, ids: list[str]) -> None: ...
+    def videos(self) -> list[dict[str, Any]]: ...
+    def put_content(self, name: str, size: int, expires: float) -> None: ...
+    def drop_content(self, names: list[str]) -> None: ...
+    def contents(self) -> list[tuple[str, int, float]]: ...
+    def close(self) -> None: ...
+
+
 class JobStore:
-    """The state dir's lock and database; `content_dir` holds the ContentStore's files."""
+    """The state dir's lock and database (JobRecords over SQLite); `content_dir` holds the
+    ContentStore's files."""
 
     def __init__(self, root: Path, lock_fd: int, db: sqlite3.Connection) -> None:
         self.root, self.content_dir = root, root / "content"
