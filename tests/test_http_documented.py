@@ -187,7 +187,8 @@ def finished_job(mp4: bytes, released: bool = True):
 
 
 def ended(jobs: VideoJobs, video):
-    assert jobs.wait_change(video, 0, WAIT_S), "the job never ended"
+    with jobs.changed:  # notified at every record change
+        assert jobs.changed.wait_for(lambda: video.status in ("completed", "failed"), WAIT_S), "the job never ended"
     return video.to_json()
 
 

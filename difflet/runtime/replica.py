@@ -106,7 +106,7 @@ class Replica:
         self.state, self.error = "recovering", "the supervisor thread failed (see the server log)"
         self._kill()
         self._fail_jobs("the replica's supervisor failed (see the server log); a replacement is loading")
-        self._thread = threading.Thread(target=self._supervise, name=f"replica-{self.index}", daemon=True)
+        self._thread = threading.Thread(target=self._supervise, name=self._thread.name, daemon=True)
         self._thread.start()
 
     # ---- the supervisor thread

@@ -51,14 +51,12 @@ class DiffletServicer(pb_grpc.DiffletServicer):
     """Translates calls; `admission`, `dispatcher` and `serving_state` are set by the server."""
 
     def __init__(self, info, admission, dispatcher, metrics, *, request_timeout: float | None,
-                 cache: str, serving_state: Callable[[], pb.ServingState], keys=None) -> None:
+                 cache: str, serving_state: Callable[[], pb.ServingState], keys) -> None:
         """`keys`: the server's http.auth.Keys: a call's key is its owner (request ids and Cancel
         are scoped to it)."""
-        from difflet.runtime.http.auth import Keys
-
         self.info, self.admission, self.dispatcher, self.metrics = info, admission, dispatcher, metrics
         self.request_timeout, self.cache, self.serving_state = request_timeout, cache, serving_state
-        self.keys = keys if keys is not None else Keys(())
+        self.keys = keys
 
     # ---- admission
     def _admit(self, request: pb.GenerateRequest, context: grpc.ServicerContext):

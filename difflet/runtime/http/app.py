@@ -13,18 +13,17 @@ import io
 import secrets
 
 from difflet.families import facts_of, guidance_mode
-from difflet.runtime.http.auth import Keys
 from difflet.runtime.http.content import ContentStore
 from difflet.runtime.http.videos import VideoJobs
 
 
 class HttpApi:
     def __init__(self, info, admission, dispatcher, metrics, *, request_timeout: float | None,
-                 serving, keys=None, tls: tuple[str, str] | None = None,
+                 serving, keys, tls: tuple[str, str] | None = None,
                  content_retention_s: float = 3600.0, content_max_bytes: int = 1 << 30,
                  state_dir: str | None = None) -> None:
         self.info, self.admission, self.dispatcher, self.metrics = info, admission, dispatcher, metrics
-        self.request_timeout, self.serving, self.keys, self.tls = request_timeout, serving, keys or Keys(()), tls
+        self.request_timeout, self.serving, self.keys, self.tls = request_timeout, serving, keys, tls
         profile = info.profile
         self.model_id = info.module.name
         self.family = str(info.module.attrs.get("family", ""))

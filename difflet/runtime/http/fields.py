@@ -56,39 +56,47 @@ def timeout(body) -> float | None:
     return value
 
 
+class _Parts:
+    """python-multipart's callbacks collected: per part, header name (lowercase) -> value, and
+    b"" -> the part's data (a nested multipart part stays bytes: refused by form_fields)."""
+
+    def __init__(self) -> None:
+        self.parts: list[dict[bytes, bytes]] = []
+        self._field = self._value = b""
+
+    def callbacks(self) -> dict:
+        def add(attr):  # a callback appending data[start:end] to `attr`
+            return lambda data, start, end: setattr(self, attr, getattr(self, attr) + data[start:end])
+        return {"on_part_begin": lambda: self.parts.append({b"": b""}),
+                "on_part_data": lambda data, start, end: self.parts[-1].update(
+                    {b"": self.parts[-1][b""] + data[start:end]}),
+                "on_header_field": add("_field"), "on_header_value": add("_value"),
+                "on_header_end": self._header_end}
+
+    def _header_end(self) -> None:
+        self.parts[-1][self._field.lower()] = self._value
+        self._field = self._value = b""
+
+
 def form_fields(content_type: str, raw: bytes) -> dict[str, Any]:
     """A multipart/form-data body (python-multipart) -> the JSON-shaped dict (numbers parsed by
     field name). A file part (OpenAI's `input_reference`) is refused: image-to-video is not served."""
+    from python_multipart.exceptions import FormParserError
     from python_multipart.multipart import MultipartParser, parse_options_header
 
     boundary = parse_options_header(content_type)[1].get(b"boundary")
     if not boundary:
         raise ApiError(400, "the multipart/form-data body has no boundary", code="invalid_body")
-    parts: list[dict[bytes, bytes]] = []
-    state = {"field": b"", "value": b""}
-
-    def begin():
-        parts.append({b"": b""})  # header name -> value; b"" holds the part's data
-
-    def header_end():
-        parts[-1][state["field"].lower()] = state["value"]
-        state["field"] = state["value"] = b""
-
-    callbacks = {
-        "on_part_begin": begin,
-        "on_part_data": lambda data, start, end: parts[-1].__setitem__(b"", parts[-1][b""] + data[start:end]),
-        "on_header_field": lambda data, start, end: state.__setitem__("field", state["field"] + data[start:end]),
-        "on_header_value": lambda data, start, end: state.__setitem__("value", state["value"] + data[start:end]),
-        "on_header_end": header_end}
+    parts = _Parts()
     try:
-        parser = MultipartParser(boundary, callbacks, max_size=len(raw))
+        parser = MultipartParser(boundary, parts.callbacks(), max_size=len(raw))
         parser.write(raw)
         parser.finalize()
-    except Exception as err:  # python-multipart's parse errors: the client's malformed body
+    except FormParserError as err:  # the client's malformed body
         raise ApiError(400, f"the multipart/form-data body could not be parsed ({type(err).__name__})",
                        code="invalid_body") from None
     out: dict[str, Any] = {}
-    for part in parts:
+    for part in parts.parts:
         _, params = parse_options_header(part.get(b"content-disposition", b""))
         name = params.get(b"name", b"").decode("utf-8", "replace")
         if not name:

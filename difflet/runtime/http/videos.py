@@ -141,12 +141,6 @@ class VideoJobs:
         with self.changed:
             return video.version, video.status, video.to_json()
 
-    def wait_change(self, video: VideoJob, version: int, timeout: float) -> bool:
-        """True once `video` changed past `version` (or was deleted); False after `timeout`."""
-        with self.changed:
-            return self.changed.wait_for(
-                lambda: video.version != version or self._jobs.get(video.id) is not video, timeout)
-
     def _notify(self) -> None:  # lock held
         self.changed.notify_all()
         for watcher in list(self.watchers):
