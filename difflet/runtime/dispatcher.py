@@ -220,10 +220,14 @@ class Dispatcher:
 
     # ---- state (lock held)
     def _answer(self, job: Job, code: str, message: str, result=None) -> None:
-        if job.finish(code, message, result):
-            self._active.pop((job.owner, job.request_id), None)
-            if self.metrics:
-                self.metrics.answered(job)
+        job.finish(code, message, result, on_answered=self._forget)
+
+    def _forget(self, job: Job) -> None:
+        """Before the answer is seen: its id is free again and it is counted."""
+        if self._active.get((job.owner, job.request_id)) is job:
+            del self._active[(job.owner, job.request_id)]
+        if self.metrics:
+            self.metrics.answered(job)
 
     def _dispatch(self) -> None:
         while self._queue:

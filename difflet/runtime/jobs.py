@@ -54,14 +54,18 @@ class Job:
         if not self.done.is_set():
             self.post(("progress", step, total, cached, pid))
 
-    def finish(self, code: str, message: str = "", result: dict[str, Any] | None = None) -> bool:
-        """Answer the job; False (and nothing changes) if it was already answered."""
+    def finish(self, code: str, message: str = "", result: dict[str, Any] | None = None,
+               on_answered: Callable[[Job], None] | None = None) -> bool:
+        """Answer the job; False (and nothing changes) if it was already answered. `on_answered`
+        runs before the end event is posted, so whoever sees the answer also sees it counted."""
         assert code in OUTCOMES, code
         with self._lock:
             if self.done.is_set():
                 return False
             self.code, self.message, self.result = code, message, result
             self.done.set()
+        if on_answered:
+            on_answered(self)
         self.post(("end",))
         return True
 
