@@ -58,6 +58,35 @@ def test_estimator_chains_estimates_and_measures_against_them():
     assert cache.changes[5] == pytest.approx(4.0 / 6.0)
 
 
+@pytest.mark.parametrize("order,expected", [
+    (0, [1.0, 3.0, 4.0, 4.0, 4.0, 10.0]),  # the last computed output, reused
+    (1, [1.0, 3.0, 4.0, 5.0, 6.0, 10.0]),  # the line through (1, 3), (2, 4)
+    # the parabola through (0, 1), (1, 3), (2, 4) is 1 + 2x - x(x - 1)/2: 4 at x=3, 3 at x=4
+    (2, [1.0, 3.0, 4.0, 4.0, 3.0, 10.0]),
+])
+def test_forecast_by_hand(order, expected):
+    # the same schedule as above (full 0, 1, 2, 5; cached 3, 4), the outputs forecast instead
+    mode = CacheMode("cadence", cadence=3, initial=2, final=0, forecast=order)
+    cache = StepCache(mode, 6)
+    cached, used = run(cache, [1.0, 3.0, 4.0, None, None, 10.0])
+    assert cached == {3, 4} and [float(u) for u in used] == expected
+    # changes are still measured against the previous used output (the decision rules' input)
+    assert cache.changes[5] == pytest.approx(abs(10.0 - expected[4]) / expected[4])
+
+
+@pytest.mark.parametrize("order,outputs", [
+    (1, [3.0 * i - 7.0 for i in range(20)]),
+    (2, [0.5 * i * i - 3.0 * i + 2.0 for i in range(20)]),
+])
+def test_forecast_of_order_k_is_exact_on_a_degree_k_history(order, outputs):
+    # cadence 3: full steps 5, 8, 11, 14 are 3 apart while 0..5 are 1 apart: unequal spacing
+    cache = StepCache(parse_mode(f"cadence:3+forecast:{order}"), 20)
+    cached, used = run(cache, [None if i in {6, 7, 9, 10, 12, 13} else v for i, v in enumerate(outputs)])
+    assert cached == {6, 7, 9, 10, 12, 13}
+    assert [float(u) for u in used] == pytest.approx(outputs, abs=1e-12)
+    assert len(cache.computed) == order + 1  # the history it keeps
+
+
 def test_online_delta_rule_by_hand():
     # alpha 0.6, 10 steps, keep 2 + 2 (window 2..7); outputs chosen so the changes are known:
     # s1: change 1 (first); s2 full 0.05 < 0.6 -> s3 cached (2.2); s4 full (after a cached step)
@@ -124,6 +153,9 @@ def test_off_never_caches_and_keep_windows_bound_every_mode():
     ("cadence:1", "outside [2, 100]"), ("cadence:x", "integer"), ("cadence", "integer"),
     ("online-delta:0", "outside (0, 10]"), ("online-delta:nan", "finite"), ("online-delta:abc", "not a number"),
     ("calibrated", "calibration file"), ("calibrated:c.json:-1", "> 0"), ("tea", "unknown cache mode"),
+    ("off+forecast", "needs a caching decision"), ("+forecast:1", "needs a caching decision"),
+    ("cadence:2+forecast:3", "not one of 0..2"), ("cadence:2+forecast:x", "not one of 0..2"),
+    ("cadence:2+forecast:-1", "not one of 0..2"), ("cadence:1+forecast", "outside [2, 100]"),
 ])
 def test_bad_mode_strings_name_the_field(text, phrase):
     with pytest.raises(DiffletError) as err:
@@ -140,3 +172,9 @@ def test_mode_strings_parse_to_their_parts():
     m = parse_mode("calibrated:/tmp/a.json")
     assert (m.calibration, m.threshold, m.accumulate) == ("/tmp/a.json", None, None)
     assert parse_mode(m.spec()) == m
+    assert parse_mode("cadence:3").forecast is None
+    assert parse_mode("cadence:3+forecast").forecast == 1
+    for text in ("cadence:3+forecast:0", "online-delta:0.5+forecast:2", "calibrated:a+forecast.json:0.2:step+forecast:2"):
+        m = parse_mode(text)
+        assert m.spec() == text and parse_mode(m.spec()) == m
+    assert parse_mode("calibrated:a+forecast.json").calibration == "a+forecast.json"

@@ -2,7 +2,8 @@
 
 Oracle: diffusers' FluxPipeline on the same checkpoint with its transformer's forward replaced by
 a hand-written cached schedule (full calls, and `prev + (out - prev)` estimates at the steps the
-rule names), so any difference is the host loop's. Determinism and hooks are checked against
+rule names; with `+forecast:K`, the Lagrange polynomial through the last K+1 computed outputs),
+so any difference is the host loop's. Determinism and hooks are checked against
 the runner's own uncached/earlier outputs.
 """
 from __future__ import annotations
@@ -38,22 +39,37 @@ def runner(probe_module, flux_tiny_ckpt):
                        probe=eager_probe(probe_module, flux_tiny_ckpt))
 
 
-def pipeline_with_schedule(ckpt, cached_steps: set[int]):
+def lagrange(points: list[tuple[int, torch.Tensor]], at: int) -> torch.Tensor:
+    """The interpolating polynomial in Lagrange's form (the controller uses Newton's)."""
+    out = 0.0
+    for j, (xj, fj) in enumerate(points):
+        weight = 1.0
+        for m, (xm, _) in enumerate(points):
+            if m != j:
+                weight *= (at - xm) / (xj - xm)
+        out = out + weight * fj
+    return out
+
+
+def pipeline_with_schedule(ckpt, cached_steps: set[int], forecast: int | None = None):
     """FluxPipeline whose transformer follows the estimator rule by hand at `cached_steps`."""
     from diffusers import FluxPipeline
 
     pipe = FluxPipeline.from_pretrained(str(ckpt))
     pipe.set_progress_bar_config(disable=True)
     real = pipe.transformer.forward
-    seen = {"i": 0, "prev": None, "delta": None}
+    seen = {"i": 0, "prev": None, "delta": None, "computed": []}
 
     def forward(*args, **kwargs):
         i = seen["i"]
         seen["i"] += 1
-        if i in cached_steps:
+        if i in cached_steps and forecast is not None:
+            out = lagrange(seen["computed"][-(forecast + 1):], i)
+        elif i in cached_steps:
             out = seen["prev"] + seen["delta"]          # previous used output + last change
         else:
             out = real(*args, **kwargs)[0].float()
+            seen["computed"].append((i, out))
             if seen["prev"] is not None:
                 seen["delta"] = out - seen["prev"]     # change vs the previous *used* output
         seen["prev"] = out
@@ -76,6 +92,22 @@ def test_cadence_matches_pipeline_with_hand_schedule(runner, flux_tiny_ckpt):
     uncached = runner.generate(runner.resolve(prompt="a red fox in the snow", seed=42, steps=14))
     # caching two steps must move the image by more than kernel rounding could
     assert uncached.stats["cached_steps"] == 0 and not images_close(uncached.image, ours.image)
+
+
+@pytest.mark.parametrize("order", [0, 2])
+def test_forecast_matches_pipeline_with_hand_forecast(runner, flux_tiny_ckpt, order):
+    # the same schedule (full 5, 7; cached 6, 8): step 6 from steps 3..5, step 8 from 4, 5, 7
+    mode = f"cadence:2+forecast:{order}"
+    params = runner.resolve(prompt="a red fox in the snow", seed=42, steps=14, cache=mode)
+    ours = runner.generate(params)
+    assert ours.stats["schedule"] == "FFFFFFCFCFFFFF" and ours.stats["mode"] == mode
+    pipe = pipeline_with_schedule(flux_tiny_ckpt, {6, 8}, forecast=order)
+    ref = pipe("a red fox in the snow", generator=torch.Generator("cpu").manual_seed(42), num_inference_steps=14,
+               guidance_scale=params.guidance, height=32, width=32, max_sequence_length=32, output_type="pil")
+    assert_images_close(ours.image, np.asarray(ref.images[0]), what=f"{mode} vs hand-forecast FluxPipeline")
+    delta = runner.generate(runner.resolve(prompt="a red fox in the snow", seed=42, steps=14, cache="cadence:2"))
+    # the forecast must move the image off the delta estimator's by more than kernel rounding could
+    assert not images_close(delta.image, ours.image)
 
 
 def test_hooks_report_every_step_and_stop_cancels(runner):

@@ -8,6 +8,10 @@ Estimator invariants (paper section 5):
 - `prev` is the output the loop used at the previous step, whether computed or estimated.
 - A full step measures `delta = out - prev` (and its relative L1 size, the "change") and then
   saves `prev = out`; a cached step returns `prev + delta` and saves that as `prev`.
+- With `+forecast:K` a cached step's output is instead the polynomial of degree
+  min(K, computed outputs - 1) through the last computed outputs, as a function of the step
+  index (Newton's divided differences; TaylorSeer's finite-difference forecast), evaluated at
+  the cached step. K = 0 reuses the last computed output. Decisions and changes are unchanged.
 - A step is cached only inside the window [initial, total - final) and only once a delta exists
   (two full steps ran), so the first and last steps always run the denoiser.
 Decision rules, inside the window:
@@ -32,6 +36,21 @@ def rel_l1(new: torch.Tensor, old: torch.Tensor) -> float:
     den = old.double().abs().mean()
     num = (new.double() - old.double()).abs().mean()
     return float(num / den) if float(den) > 0 else (0.0 if float(num) == 0 else float("inf"))
+
+
+def forecast(points: list[tuple[int, torch.Tensor]], at: int) -> torch.Tensor:
+    """The polynomial through `points` (step, output), oldest first, evaluated at step `at`."""
+    steps = [s for s, _ in points]
+    table = [v for _, v in points]  # Newton's divided differences, built in place
+    coefficients = [table[-1]]
+    for depth in range(1, len(points)):
+        table = [(table[k + 1] - table[k]) / (steps[k + depth] - steps[k]) for k in range(len(table) - 1)]
+        coefficients.append(table[-1])
+    out, basis = coefficients[0], 1.0
+    for depth in range(1, len(coefficients)):
+        basis = basis * (at - steps[-depth])
+        out = out + coefficients[depth] * basis
+    return out
 
 
 @dataclass
@@ -61,6 +80,8 @@ class StepCache:
     cache_next: bool = False
     accumulated: float = 0.0
     last_cached: bool = False
+    step: int = 0                      # the step decide() was last asked about
+    computed: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # forecast: (step, output)
     changes: list[float | None] = field(default_factory=list)  # per step; None at cached steps
     schedule: list[bool] = field(default_factory=list)          # per step: cached?
 
@@ -95,11 +116,15 @@ class StepCache:
             self.accumulated = 0.0
         self.last_cached = cached
         self.schedule.append(cached)
+        self.step = i
         return cached
 
     def full(self, out: torch.Tensor) -> float | None:
         """Record a computed output; returns its change vs the previous used output (None at first)."""
         change = None
+        if self.mode.forecast is not None:
+            kept = self.computed[max(0, len(self.computed) - self.mode.forecast):]  # order K needs K+1 points
+            self.computed = [*kept, (self.step, out)]
         if not self.measure:
             self.changes.append(None)
             return None
@@ -115,7 +140,7 @@ class StepCache:
 
     def cached(self) -> torch.Tensor:
         """The estimate for a cached step: previous used output + last measured change."""
-        out = self.prev + self.delta
+        out = self.prev + self.delta if self.mode.forecast is None else forecast(self.computed, self.step)
         self.prev = out
         self.changes.append(None)
         return out

@@ -7,6 +7,9 @@ Syntax (the `cache` field of a request, `--cache` of a server):
   calibrated:FILE[:THRESHOLD][:step|accumulate]
                                   FILE from `difflet calibrate`; THRESHOLD > 0 overrides the file's;
                                   step/accumulate overrides how estimates meet the threshold
+  any of the three + "+forecast[:ORDER]"
+                                  ORDER in [0, 2], default 1: a cached step's output is forecast
+                                  from the last ORDER+1 computed outputs (see controller.py)
 Invariants:
 - Every rejection is a DiffletError whose `where` is the field name given (default "cache") and
   whose message starts with it, like request validation.
@@ -16,7 +19,7 @@ Invariants:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from difflet.errors import DiffletError
 
@@ -25,6 +28,8 @@ DEFAULT_ALPHA = 0.6
 DEFAULT_KEEP = (5, 5)
 MAX_CADENCE = 100
 MAX_ALPHA = 10.0
+MAX_FORECAST = 2
+FORECAST = "+forecast"
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,7 @@ class CacheMode:
     accumulate: bool | None = None  # None: the calibration file's
     initial: int = DEFAULT_KEEP[0]
     final: int = DEFAULT_KEEP[1]
+    forecast: int | None = None     # None: prev + last delta; else the forecast's order
 
     @property
     def off(self) -> bool:
@@ -44,6 +50,9 @@ class CacheMode:
 
     def spec(self) -> str:
         """The canonical mode string (parses back to an equal mode, keep counts aside)."""
+        return self._decision_spec() + ("" if self.forecast is None else f"{FORECAST}:{self.forecast}")
+
+    def _decision_spec(self) -> str:
         if self.kind == "cadence":
             return f"cadence:{self.cadence}"
         if self.kind == "online-delta":
@@ -78,6 +87,12 @@ def parse_mode(text: str | None, field: str = "cache", initial: int = DEFAULT_KE
     if initial < 0 or final < 0:
         raise _fail(field, f"initial/final full steps must be >= 0, got {initial}/{final}")
     text = (text or "off").strip()
+    head, sep, order = text.rpartition(FORECAST)
+    if sep and (not order or order.startswith(":")):
+        mode = parse_mode(head, field, initial, final)
+        if mode.off:
+            raise _fail(field, f"forecast needs a caching decision to forecast for, as in cadence:3{FORECAST}:1")
+        return replace(mode, forecast=_order(field, order[1:] or "1"))
     kind, _, rest = text.partition(":")
     if kind == "off" and not rest:
         return CacheMode(initial=initial, final=final)
@@ -97,7 +112,14 @@ def parse_mode(text: str | None, field: str = "cache", initial: int = DEFAULT_KE
     if kind == "calibrated":
         return _calibrated(field, text, rest, initial, final)
     raise _fail(field, f"unknown cache mode {text!r}; expected off, cadence:N, online-delta[:ALPHA] "
-                       "or calibrated:FILE[:THRESHOLD][:step|accumulate]")
+                       "or calibrated:FILE[:THRESHOLD][:step|accumulate], each optionally "
+                       f"followed by {FORECAST}[:ORDER]")
+
+
+def _order(field: str, text: str) -> int:
+    if not text.isdigit() or int(text) > MAX_FORECAST:
+        raise _fail(field, f"forecast order {text!r} is not one of 0..{MAX_FORECAST}")
+    return int(text)
 
 
 def _calibrated(field: str, text: str, rest: str, initial: int, final: int) -> CacheMode:
