@@ -143,6 +143,12 @@ def test_calibrated_curve_maps_score_before_threshold():
     assert cached == {2, 5, 7, 8, 9}
 
 
+def test_keep_moves_the_window():
+    # 12 steps, keep 2 + 1: window 2..10; cadence 4 -> full 2, 6, 10; cached 3-5, 7-9
+    cached, _ = run(StepCache(parse_mode("cadence:4+keep:2:1"), 12), [float(i + 1) for i in range(12)])
+    assert cached == {3, 4, 5, 7, 8, 9}
+
+
 def test_off_never_caches_and_keep_windows_bound_every_mode():
     assert run(StepCache(parse_mode("off"), 30), [float(i) + 1 for i in range(30)])[0] == set()
     # 10 steps with 5 + 5 kept: nothing is cacheable
@@ -156,6 +162,9 @@ def test_off_never_caches_and_keep_windows_bound_every_mode():
     ("off+forecast", "needs a caching decision"), ("+forecast:1", "needs a caching decision"),
     ("cadence:2+forecast:3", "not one of 0..2"), ("cadence:2+forecast:x", "not one of 0..2"),
     ("cadence:2+forecast:-1", "not one of 0..2"), ("cadence:1+forecast", "outside [2, 100]"),
+    ("cadence:2+keep:2", "INITIAL:FINAL"), ("cadence:2+keep:a:1", "INITIAL:FINAL"),
+    ("cadence:2+keep:1001:0", "[0, 1000]"), ("off+keep:2:1", "needs a caching decision"),
+    ("cadence:2+forecast+forecast:2", "given twice"),
 ])
 def test_bad_mode_strings_name_the_field(text, phrase):
     with pytest.raises(DiffletError) as err:
@@ -178,3 +187,8 @@ def test_mode_strings_parse_to_their_parts():
         m = parse_mode(text)
         assert m.spec() == text and parse_mode(m.spec()) == m
     assert parse_mode("calibrated:a+forecast.json").calibration == "a+forecast.json"
+    m = parse_mode("cadence:4+keep:2:1+forecast")  # options in any order; the spec's is canonical
+    assert (m.cadence, m.forecast, m.initial, m.final) == (4, 1, 2, 1)
+    assert m.spec() == "cadence:4+forecast:1+keep:2:1" and parse_mode(m.spec()) == m
+    m = parse_mode("online-delta+keep:0:3")  # online-delta needs two full steps before its first change
+    assert (m.initial, m.final) == (2, 3) and parse_mode(m.spec()) == m

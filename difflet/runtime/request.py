@@ -58,7 +58,7 @@ class Request(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         "true-CFG models: the negative prompt (default: the model family's)"))]] = None
     cache: Annotated[str, Meta(description=(
         "step-cache override: off | cadence:N | online-delta:ALPHA | calibrated:NAME[:THRESHOLD], "
-        "each optionally followed by +forecast[:K] (K 0-2) "
+        "each optionally followed by +forecast[:K] (K 0-2) and +keep:INITIAL:FINAL "
         "(NAME: a server's --calibration; the Python API takes a file) (default: the server's mode)"))] = ""
     lora: Annotated[str, Meta(max_length=96, pattern=r"^$|^[A-Za-z0-9_.-]{1,64}(:[-+]?[0-9]+(\.[0-9]*)?)?$", extra={
         "means": "NAME or NAME:SCALE"}, description=(

@@ -122,7 +122,7 @@ def _adapters(specs: tuple[str, ...]) -> tuple[tuple[str, str, float], ...]:
               help="seconds a cancelled generation may take to stop before its process is killed")
 @click.option("--cache", default="off", show_default=True,
               help="step-cache mode: off | cadence:N | online-delta:ALPHA | calibrated:NAME|FILE[:THRESHOLD], "
-                   "each optionally +forecast[:K]")
+                   "each optionally +forecast[:K] and +keep:INITIAL:FINAL")
 @click.option("--calibration", "calibrations", multiple=True, metavar="NAME=FILE",
               help="a calibration file (`difflet calibrate`) that requests may use as cache "
                    "`calibrated:NAME` (repeatable); a request never names a file")

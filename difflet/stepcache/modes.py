@@ -7,14 +7,16 @@ Syntax (the `cache` field of a request, `--cache` of a server):
   calibrated:FILE[:THRESHOLD][:step|accumulate]
                                   FILE from `difflet calibrate`; THRESHOLD > 0 overrides the file's;
                                   step/accumulate overrides how estimates meet the threshold
-  any of the three + "+forecast[:ORDER]"
-                                  ORDER in [0, 2], default 1: a cached step's output is forecast
+  any of the three, then options, each at most once:
+  +forecast[:ORDER]               ORDER in [0, 2], default 1: a cached step's output is forecast
                                   from the last ORDER+1 computed outputs (see controller.py)
+  +keep:INITIAL:FINAL             the full steps before and after the cacheable window, each in
+                                  [0, 1000] (default 5 and 5; online-delta and calibrated keep >= 2 first)
 Invariants:
 - Every rejection is a DiffletError whose `where` is the field name given (default "cache") and
   whose message starts with it, like request validation.
 - A mode is a runtime setting: nothing here reaches a compiled program or a cache key.
-- The initial and final full steps (default 5 and 5) are part of the mode, the same for all.
+- The initial and final full steps (default 5 and 5) are part of the mode.
 """
 from __future__ import annotations
 
@@ -29,7 +31,8 @@ DEFAULT_KEEP = (5, 5)
 MAX_CADENCE = 100
 MAX_ALPHA = 10.0
 MAX_FORECAST = 2
-FORECAST = "+forecast"
+MAX_KEEP = 1000
+OPTIONS = ("forecast", "keep")
 
 
 @dataclass(frozen=True)
@@ -49,8 +52,15 @@ class CacheMode:
         return self.kind == "off"
 
     def spec(self) -> str:
-        """The canonical mode string (parses back to an equal mode, keep counts aside)."""
-        return self._decision_spec() + ("" if self.forecast is None else f"{FORECAST}:{self.forecast}")
+        """The canonical mode string (parses back to an equal mode)."""
+        out = self._decision_spec()
+        if self.off:
+            return out
+        if self.forecast is not None:
+            out += f"+forecast:{self.forecast}"
+        if (self.initial, self.final) != DEFAULT_KEEP:
+            out += f"+keep:{self.initial}:{self.final}"
+        return out
 
     def _decision_spec(self) -> str:
         if self.kind == "cadence":
@@ -87,12 +97,40 @@ def parse_mode(text: str | None, field: str = "cache", initial: int = DEFAULT_KE
     if initial < 0 or final < 0:
         raise _fail(field, f"initial/final full steps must be >= 0, got {initial}/{final}")
     text = (text or "off").strip()
-    head, sep, order = text.rpartition(FORECAST)
-    if sep and (not order or order.startswith(":")):
-        mode = parse_mode(head, field, initial, final)
-        if mode.off:
-            raise _fail(field, f"forecast needs a caching decision to forecast for, as in cadence:3{FORECAST}:1")
-        return replace(mode, forecast=_order(field, order[1:] or "1"))
+    text, options = _options(field, text)
+    if "keep" in options:
+        initial, final = _keep(field, options["keep"])
+    mode = _decision(field, text.strip() or "off", initial, final)
+    if options and mode.off:
+        raise _fail(field, f"+{next(iter(options))} needs a caching decision, as in cadence:3+forecast:1")
+    if "forecast" in options:
+        mode = replace(mode, forecast=_order(field, options["forecast"] or "1"))
+    return mode
+
+
+def _options(field: str, text: str) -> tuple[str, dict[str, str]]:
+    """(the decision, {option: its arguments}) from trailing `+option[:args]` parts (a '+' that
+    starts no known option stays in the decision, e.g. in a calibration file's name)."""
+    options: dict[str, str] = {}
+    while True:
+        head, sep, tail = text.rpartition("+")
+        name, _, args = tail.partition(":")
+        if not sep or name not in OPTIONS:
+            return text, options
+        if name in options:
+            raise _fail(field, f"+{name} is given twice")
+        options[name] = args
+        text = head
+
+
+def _keep(field: str, args: str) -> tuple[int, int]:
+    parts = args.split(":")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) <= MAX_KEEP for p in parts):
+        raise _fail(field, f"+keep needs INITIAL:FINAL, two integers in [0, {MAX_KEEP}], as in +keep:2:1, got {args!r}")
+    return int(parts[0]), int(parts[1])
+
+
+def _decision(field: str, text: str, initial: int, final: int) -> CacheMode:
     kind, _, rest = text.partition(":")
     if kind == "off" and not rest:
         return CacheMode(initial=initial, final=final)
@@ -113,7 +151,7 @@ def parse_mode(text: str | None, field: str = "cache", initial: int = DEFAULT_KE
         return _calibrated(field, text, rest, initial, final)
     raise _fail(field, f"unknown cache mode {text!r}; expected off, cadence:N, online-delta[:ALPHA] "
                        "or calibrated:FILE[:THRESHOLD][:step|accumulate], each optionally "
-                       f"followed by {FORECAST}[:ORDER]")
+                       "followed by +forecast[:ORDER] and +keep:INITIAL:FINAL")
 
 
 def _order(field: str, text: str) -> int:
