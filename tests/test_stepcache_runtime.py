@@ -206,8 +206,10 @@ def test_calibrated_needs_a_probe(flux_tiny_module, flux_tiny_ckpt, calibration_
                         cache="cadence:2")
     assert plain.default_cache.mode.cadence == 2
     with pytest.raises(DiffletError, match="probe") as err:
-        plain.resolve(prompt="x", seed=0, cache=f"calibrated:{calibration_file[0]}")
-    assert err.value.where == "cache"
+        plain.resolve(prompt="x", seed=0, cache=f"calibrated:{calibration_file[0]}+forecast")
+    assert err.value.where == "cache" and "it serves off, cadence:N and online-delta" in str(err.value)
+    forecast = plain.resolve(prompt="x", seed=0, cache="cadence:3+forecast:2+keep:2:1")
+    assert forecast.cache.mode.spec() == "cadence:3+forecast:2+keep:2:1"
     with pytest.raises(DiffletError) as err:
         ModelRunner(flux_tiny_module, eager_programs(flux_tiny_module, flux_tiny_ckpt), flux_tiny_ckpt,
                     cache="cadence:0")

@@ -59,8 +59,9 @@ def test_server_serves_calibrated_and_every_mode_per_request(wan_probe_art):
         loose = grpc_client.generate(address, "a fox in snow", 1, steps=STEPS, cache="calibrated:wan:1e9")
         # threshold 1e9: every step outside the 5 + 5 kept full is cached
         assert (loose.cached_steps, loose.denoiser_calls) == (STEPS - 10, 10)
-        # per-request modes on the same programs; cadence:2 at 14 steps caches steps 6 and 8
-        for mode, cached in (("off", 0), ("cadence:2", 2)):
+        # per-request modes on the same programs; cadence:2 at 14 steps caches steps 6 and 8; with
+        # keep 2 + 1 cadence 4 computes 0, 1, 2, 6, 10, 13 and caches the other 8
+        for mode, cached in (("off", 0), ("cadence:2", 2), ("cadence:4+forecast:1+keep:2:1", 8)):
             reply = grpc_client.generate(address, "a fox in snow", 1, steps=STEPS, cache=mode)
             assert (reply.cache, reply.cached_steps, reply.denoiser_calls) == (mode, cached, STEPS - cached), mode
         delta = grpc_client.generate(address, "a fox in snow", 1, steps=STEPS, cache="online-delta")

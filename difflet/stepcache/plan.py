@@ -55,7 +55,9 @@ class PlanResolver:
         if mode.calibration in self.names:
             mode = replace(mode, calibration=self.names[mode.calibration])
         if not self.has_probe:
-            raise DiffletError(f"{field}: calibrated caching needs a probe program; build the artifact "
+            raise DiffletError(f"{field}: calibrated caching needs a probe program, and this artifact has "
+                               "none (it serves off, cadence:N and online-delta[:ALPHA], each with "
+                               "+forecast[:K] and +keep:I:F); build the artifact "
                                "from `difflet opt --probe separate`", where=field)
         try:
             stamp = os.stat(mode.calibration).st_mtime
