@@ -164,7 +164,8 @@ def test_off_never_caches_and_keep_windows_bound_every_mode():
     ("cadence:2+forecast:-1", "not one of 0..2"), ("cadence:1+forecast", "outside [2, 100]"),
     ("cadence:2+keep:2", "INITIAL:FINAL"), ("cadence:2+keep:a:1", "INITIAL:FINAL"),
     ("cadence:2+keep:1001:0", "[0, 1000]"), ("off+keep:2:1", "needs a caching decision"),
-    ("cadence:2+forecast+forecast:2", "given twice"),
+    ("cadence:2+forecast+forecast:2", "given twice"), ("cadence:2+forecast:\u00b2", "not one of 0..2"),
+    ("cadence:2+keep:\u00b2:1", "INITIAL:FINAL"), ("cadence:2+keep:" + "9" * 5000 + ":1", "INITIAL:FINAL"),
 ])
 def test_bad_mode_strings_name_the_field(text, phrase):
     with pytest.raises(DiffletError) as err:

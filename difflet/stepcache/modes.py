@@ -125,8 +125,8 @@ def _options(field: str, text: str) -> tuple[str, dict[str, str]]:
 
 def _keep(field: str, args: str) -> tuple[int, int]:
     parts = args.split(":")
-    if len(parts) != 2 or not all(p.isdigit() and int(p) <= MAX_KEEP for p in parts):
-        raise _fail(field, f"+keep needs INITIAL:FINAL, two integers in [0, {MAX_KEEP}], as in +keep:2:1, got {args!r}")
+    if len(parts) != 2 or not all(_small_int(p) and int(p) <= MAX_KEEP for p in parts):
+        raise _fail(field, f"+keep needs INITIAL:FINAL, two integers in [0, {MAX_KEEP}], as in +keep:2:1, got {args[:40]!r}")
     return int(parts[0]), int(parts[1])
 
 
@@ -154,9 +154,14 @@ def _decision(field: str, text: str, initial: int, final: int) -> CacheMode:
                        "followed by +forecast[:ORDER] and +keep:INITIAL:FINAL")
 
 
+def _small_int(text: str) -> bool:
+    """ASCII digits only, at most 4 (str.isdigit takes '²', which int() refuses)."""
+    return 0 < len(text) <= 4 and text.isascii() and text.isdigit()
+
+
 def _order(field: str, text: str) -> int:
-    if not text.isdigit() or int(text) > MAX_FORECAST:
-        raise _fail(field, f"forecast order {text!r} is not one of 0..{MAX_FORECAST}")
+    if not _small_int(text) or int(text) > MAX_FORECAST:
+        raise _fail(field, f"forecast order {text[:40]!r} is not one of 0..{MAX_FORECAST}")
     return int(text)
 
 
