@@ -184,7 +184,8 @@ def test_mode_strings_parse_to_their_parts():
     assert parse_mode(m.spec()) == m
     assert parse_mode("cadence:3").forecast is None
     assert parse_mode("cadence:3+forecast").forecast == 1
-    for text in ("cadence:3+forecast:0", "online-delta:0.5+forecast:2", "calibrated:a+forecast.json:0.2:step+forecast:2"):
+    for text in ("cadence:3+forecast:0", "online-delta:0.5+forecast:2",
+                 "calibrated:a+forecast.json:0.2:step+forecast:2"):
         m = parse_mode(text)
         assert m.spec() == text and parse_mode(m.spec()) == m
     assert parse_mode("calibrated:a+forecast.json").calibration == "a+forecast.json"

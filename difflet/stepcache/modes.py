@@ -126,7 +126,8 @@ def _options(field: str, text: str) -> tuple[str, dict[str, str]]:
 def _keep(field: str, args: str) -> tuple[int, int]:
     parts = args.split(":")
     if len(parts) != 2 or not all(_small_int(p) and int(p) <= MAX_KEEP for p in parts):
-        raise _fail(field, f"+keep needs INITIAL:FINAL, two integers in [0, {MAX_KEEP}], as in +keep:2:1, got {args[:40]!r}")
+        raise _fail(field, f"+keep needs INITIAL:FINAL, two integers in [0, {MAX_KEEP}], as in +keep:2:1, "
+                           f"got {args[:40]!r}")
     return int(parts[0]), int(parts[1])
 
 
