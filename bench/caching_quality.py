@@ -21,7 +21,7 @@ adds every caching mode again with I + F kept steps (`+keep:I:F`; repeatable).
                                     [--store DIR | --eager] [--out PREFIX]
 --eager runs the modules codegen would compile, uncompiled (no compile; tests use it).
 --out PREFIX writes PREFIX.json (a list of rows {mode, setting, compute, wall_s, colour,
-background, shape, psnr, psnr_min}), PREFIX.md (the table, rows sorted by compute) and, with
+background, shape, psnr, psnr_min}; psnr null for the reference itself), PREFIX.md (the table, rows sorted by compute) and, with
 matplotlib (`pip install -e '.[bench]'`), PREFIX.png: compute against PSNR and against the mean
 of the three prompt-following scores, one line per mode family (decision + estimator + keep).
 `--replot PREFIX` redraws PREFIX.md and PREFIX.png from PREFIX.json (the title from PREFIX.md's first
@@ -50,11 +50,6 @@ FORECASTS = (None, 0, 1, 2)
 FEWER = (8, 10, 11, 12, 14, 16, 19, 22)
 
 
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
-    return math.inf if mse == 0 else 10 * math.log10(255.0 ** 2 / mse)
-
-
 def settings(keeps: list[tuple[int, int]]) -> list[str]:
     """Every caching mode string of the sweep."""
     out = []
@@ -66,12 +61,10 @@ def settings(keeps: list[tuple[int, int]]) -> list[str]:
 
 
 def score(images: np.ndarray, jobs) -> dict[str, float]:
-    from difflet.train.checker import check
+    """The checker's three prompt-following scores in percent (bench/prompt_following.py's count)."""
+    from bench.prompt_following import score as hits_of
 
-    hits = {"fg": 0, "bg": 0, "shape": 0}
-    for ((shape, fg, bg), _), image in zip(jobs, images):
-        for key, hit in check(image, shape, fg, bg).items():
-            hits[key] += hit
+    hits, _ = hits_of(images, jobs)
     n = len(jobs)
     return {"colour": 100.0 * hits["fg"] / n, "background": 100.0 * hits["bg"] / n,
             "shape": 100.0 * hits["shape"] / n}
@@ -94,6 +87,7 @@ def run_all(runner, jobs, steps: int, plan) -> tuple[np.ndarray, float, float]:
 
 def sweep(runner, jobs, steps: int, modes: list[str], fewer=FEWER, log=print) -> list[dict]:
     """Rows of the uncached reference, `fewer` uncached step counts and every mode string."""
+    from difflet.stepcache.calibrate import psnr
     from difflet.stepcache.modes import parse_mode
     from difflet.stepcache.plan import CachePlan, OFF
 
@@ -105,8 +99,8 @@ def sweep(runner, jobs, steps: int, modes: list[str], fewer=FEWER, log=print) ->
         finite = [v for v in values if math.isfinite(v)]
         rows.append({"mode": mode, "setting": setting, "compute": round(calls / steps, 4),
                      "wall_s": round(secs, 4), **{k: round(v, 2) for k, v in score(images, jobs).items()},
-                     "psnr": round(float(np.mean(finite)), 2) if finite else math.inf,
-                     "psnr_min": round(min(values), 2)})
+                     "psnr": round(float(np.mean(finite)), 2) if finite else None,  # None: identical
+                     "psnr_min": round(float(min(values)), 2) if finite else None})
         log(json.dumps(rows[-1]))
 
     row("off", str(steps), reference, steps, ref_s)
@@ -121,13 +115,17 @@ def sweep(runner, jobs, steps: int, modes: list[str], fewer=FEWER, log=print) ->
     return rows
 
 
+def db(value: float | None) -> str:
+    return "identical" if value is None else f"{value:.1f}"
+
+
 def table(rows: list[dict], header: str) -> str:
     lines = [header, "", "| mode | setting | compute | s/image | colour % | background % | shape % | "
              "PSNR mean dB | PSNR min dB |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in sorted(rows, key=lambda r: (-r["compute"], r["mode"], r["setting"])):
         lines.append(f"| {r['mode']} | {r['setting']} | {r['compute']:.3f} | {r['wall_s']:.3f} | "
-                     f"{r['colour']:.1f} | {r['background']:.1f} | {r['shape']:.1f} | {r['psnr']:.1f} | "
-                     f"{r['psnr_min']:.1f} |")
+                     f"{r['colour']:.1f} | {r['background']:.1f} | {r['shape']:.1f} | {db(r['psnr'])} | "
+                     f"{db(r['psnr_min'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -163,7 +161,7 @@ def plot(rows: list[dict], path: str, title: str) -> None:
         else:
             style = dict(color=colours.get(estimator, "tab:purple"), marker=markers.get(keep, "x"), linewidth=1,
                          linestyle="-" if decision == "cadence" else "--", label=f"{decision} {estimator} {keep}")
-        left.plot(x, [min(r["psnr"], 80.0) for r in members], **style)
+        left.plot(x, [80.0 if r["psnr"] is None else min(r["psnr"], 80.0) for r in members], **style)
         right.plot(x, [(r["colour"] + r["background"] + r["shape"]) / 3 for r in members], **style)
     left.set(xlabel="denoiser compute (fraction of uncached)", ylabel="PSNR vs uncached, mean dB (capped at 80)")
     right.set(xlabel="denoiser compute (fraction of uncached)", ylabel="prompt following, mean of 3 scores %")
