@@ -70,35 +70,44 @@ def score(images: np.ndarray, jobs) -> dict[str, float]:
             "shape": 100.0 * hits["shape"] / n}
 
 
-def run_all(runner, jobs, steps: int, plan) -> tuple[np.ndarray, float, float]:
-    """(images, mean denoiser calls, mean seconds) of every job at `steps` under cache `plan`."""
+def caption_of(job) -> str:
+    """The prompt of a flux-shapes caption tuple (a job's first item)."""
     from difflet.train.shapes_data import caption
 
+    return caption(*job)
+
+
+def run_all(runner, jobs, steps: int, plan, text=caption_of) -> tuple[np.ndarray, float, float]:
+    """(outputs, mean denoiser calls, mean seconds) of every (prompt, seed) job at `steps` under
+    cache `plan`; text(prompt) is the prompt string; an output is an image, or a video's frames."""
     images, calls, seconds = [], 0, 0.0
     for (c, seed) in jobs:
-        params = replace(runner.resolve(prompt=caption(*c), seed=seed, steps=steps), cache=plan)
+        params = replace(runner.resolve(prompt=text(c), seed=seed, steps=steps), cache=plan)
         start = time.perf_counter()
         result = runner.generate(params)
         seconds += time.perf_counter() - start
-        images.append(result.image)
+        images.append(result.image if result.image is not None else result.video)
         calls += result.stats.get("denoiser_calls", steps)
     return np.stack(images), calls / len(jobs), seconds / len(jobs)
 
 
-def sweep(runner, jobs, steps: int, modes: list[str], fewer=FEWER, log=print) -> list[dict]:
-    """Rows of the uncached reference, `fewer` uncached step counts and every mode string."""
+def sweep(runner, jobs, steps: int, modes: list[str], fewer=FEWER, log=print, text=caption_of,
+          score=score) -> list[dict]:
+    """Rows of the uncached reference, `fewer` uncached step counts and every mode string;
+    score=None: PSNR only (no prompt-following fields)."""
     from difflet.stepcache.calibrate import psnr
     from difflet.stepcache.modes import parse_mode
     from difflet.stepcache.plan import CachePlan, OFF
 
-    reference, _, ref_s = run_all(runner, jobs, steps, OFF)
+    reference, _, ref_s = run_all(runner, jobs, steps, OFF, text)
     rows = []
 
     def row(mode: str, setting: str, images, calls: float, secs: float) -> None:
         values = [psnr(a, b) for a, b in zip(images, reference)]
         finite = [v for v in values if math.isfinite(v)]
         rows.append({"mode": mode, "setting": setting, "compute": round(calls / steps, 4),
-                     "wall_s": round(secs, 4), **{k: round(v, 2) for k, v in score(images, jobs).items()},
+                     "wall_s": round(secs, 4),
+                     **({k: round(v, 2) for k, v in score(images, jobs).items()} if score else {}),
                      "psnr": round(float(np.mean(finite)), 2) if finite else None,  # None: identical
                      "psnr_min": round(float(min(values)), 2) if finite else None})
         log(json.dumps(rows[-1]))
@@ -106,11 +115,11 @@ def sweep(runner, jobs, steps: int, modes: list[str], fewer=FEWER, log=print) ->
     row("off", str(steps), reference, steps, ref_s)
     for n in fewer:
         if n < steps:
-            images, calls, secs = run_all(runner, jobs, n, OFF)
+            images, calls, secs = run_all(runner, jobs, n, OFF, text)
             row("fewer-steps", str(n), images, calls, secs)
-    for text in modes:
-        parsed = parse_mode(text, "mode")
-        images, calls, secs = run_all(runner, jobs, steps, CachePlan(parsed))
+    for spec in modes:
+        parsed = parse_mode(spec, "mode")
+        images, calls, secs = run_all(runner, jobs, steps, CachePlan(parsed), text)
         row(parsed.kind, parsed.spec(), images, calls, secs)
     return rows
 
@@ -120,12 +129,14 @@ def db(value: float | None) -> str:
 
 
 def table(rows: list[dict], header: str) -> str:
-    lines = [header, "", "| mode | setting | compute | s/image | colour % | background % | shape % | "
-             "PSNR mean dB | PSNR min dB |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    """The rows sorted by compute; the prompt-following columns only where the rows have them."""
+    scored = all("colour" in r for r in rows)
+    lines = [header, "", "| mode | setting | compute | s/image | " + ("colour % | background % | shape % | " if scored
+             else "") + "PSNR mean dB | PSNR min dB |", "|---|---|---:|---:|" + "---:|" * (5 if scored else 2)]
     for r in sorted(rows, key=lambda r: (-r["compute"], r["mode"], r["setting"])):
         lines.append(f"| {r['mode']} | {r['setting']} | {r['compute']:.3f} | {r['wall_s']:.3f} | "
-                     f"{r['colour']:.1f} | {r['background']:.1f} | {r['shape']:.1f} | {db(r['psnr'])} | "
-                     f"{db(r['psnr_min'])} |")
+                     + (f"{r['colour']:.1f} | {r['background']:.1f} | {r['shape']:.1f} | " if scored else "")
+                     + f"{db(r['psnr'])} | {db(r['psnr_min'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -174,9 +185,12 @@ def plot(rows: list[dict], path: str, title: str) -> None:
     plt.close(fig)
 
 
-def write(rows: list[dict], prefix: str, title: str) -> None:
+def write(rows: list[dict], prefix: str, title: str, png: bool = True, extra: str = "") -> None:
+    """PREFIX.json (the rows), PREFIX.md (the table, then `extra`) and, with `png`, PREFIX.png."""
     Path(prefix + ".json").write_text(json.dumps(rows, indent=1) + "\n")
-    Path(prefix + ".md").write_text(table(rows, title))
+    Path(prefix + ".md").write_text(table(rows, title) + extra)
+    if not png:
+        return
     try:
         plot(rows, prefix + ".png", title)
     except ImportError:
