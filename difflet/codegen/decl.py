@@ -68,6 +68,21 @@ class ProbeDecl:
 
 
 @dataclass(frozen=True)
+class BlockDecl:
+    """How a denoiser is cut into block mode's front and rest (difflet/codegen/blocks.py reads it).
+
+    stacks: the model's block ModuleLists in call order (their blocks are the denoiser's N
+    blocks); outputs: the names of the streams a block returns, in its return order (each is
+    also the name of the block forward's argument that takes it); tail: the streams the output
+    layers read after the last block (their residuals cross between the programs).
+    """
+
+    stacks: tuple[str, ...]
+    outputs: tuple[str, ...]
+    tail: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class ClassDecl:
     """Everything Difflet adds to one class; every field is optional (None = generic path).
 
@@ -88,6 +103,7 @@ class ClassDecl:
     write_tokenizer: Callable[..., Any] | None = None
     split: SplitDecl | None = None
     probe: ProbeDecl | None = None
+    blocks: BlockDecl | None = None
     branch_inputs: tuple[str, ...] = ()
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from difflet.codegen.joint_ops import joint_bounded_attention, split_joint_attention
-from difflet.codegen.decl import ClassDecl, ProbeDecl, SplitDecl
+from difflet.codegen.decl import BlockDecl, ClassDecl, ProbeDecl, SplitDecl
 from difflet.codegen.probe_feature import FeatureProbe
 from difflet.codegen.program_module import ProgramModule
 from difflet.errors import DiffletError
@@ -165,5 +165,7 @@ CLASSES = {
                         joint_prefixes=("single_transformer_blocks.",), processor=FluxSplitAttnProcessor),
         probe=ProbeDecl(inputs=("hidden_states", "timestep", "pooled_projections", "guidance"),
                         build=FluxProbe),
+        blocks=BlockDecl(stacks=("transformer_blocks", "single_transformer_blocks"),
+                         outputs=("encoder_hidden_states", "hidden_states"), tail=("hidden_states",)),
     ),
 }

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from difflet.codegen.joint_ops import joint_bounded_attention
-from difflet.codegen.decl import ClassDecl, ProbeDecl, SplitDecl
+from difflet.codegen.decl import BlockDecl, ClassDecl, ProbeDecl, SplitDecl
 from difflet.families.hunyuan_video.joint import joint_out, joint_qkv, mask_valid_text
 from difflet.codegen.probe_feature import FeatureProbe
 from difflet.codegen.text_masks import causal_masks
@@ -147,6 +147,8 @@ CLASSES = {
                         stream_entries={"transformer_blocks.0": 1}, stream_exits={"proj_out": 1},
                         cp_tables={"rope": 0}, sp_inputs={"transformer_blocks.0": 1}),
         probe=ProbeDecl(inputs=("hidden_states", "timestep", "pooled_projections", "guidance"),
-                        build=HunyuanVideoProbe)),
+                        build=HunyuanVideoProbe),
+        blocks=BlockDecl(stacks=("transformer_blocks", "single_transformer_blocks"),
+                         outputs=("hidden_states", "encoder_hidden_states"), tail=("hidden_states",))),
     "transformers.LlamaModel": ClassDecl(wrapper=_llama_program),
 }

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from difflet.codegen.decl import ClassDecl, ProbeDecl, SplitDecl
+from difflet.codegen.decl import BlockDecl, ClassDecl, ProbeDecl, SplitDecl
 from difflet.codegen.probe_feature import FeatureProbe
 from difflet.codegen.text_masks import causal_masks
 from difflet.errors import DiffletError
@@ -246,7 +246,9 @@ CLASSES = {
     "diffusers.pipelines.ltx2.connectors.LTX2TextConnectors": ClassDecl(wrapper=ConnectorsProgram),
     "diffusers.LTX2VideoTransformer3DModel": ClassDecl(
         wrapper=TransformerProgram, split=TRANSFORMER_SPLIT,
-        probe=ProbeDecl(inputs=("hidden_states", "timestep"), build=LTX2Probe)),
+        probe=ProbeDecl(inputs=("hidden_states", "timestep"), build=LTX2Probe),
+        blocks=BlockDecl(stacks=("transformer_blocks",), outputs=("hidden_states", "audio_hidden_states"),
+                         tail=("hidden_states", "audio_hidden_states"))),
     "diffusers.AutoencoderKLLTX2Video": ClassDecl(wrapper=VideoDecodeProgram, build_random=build_random),
     "diffusers.AutoencoderKLLTX2Audio": ClassDecl(wrapper=AudioDecodeProgram, build_random=build_random),
     "diffusers.pipelines.ltx2.vocoder.LTX2Vocoder": ClassDecl(wrapper=VocoderProgram),

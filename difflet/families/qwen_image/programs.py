@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from difflet.codegen.decl import ClassDecl, ProbeDecl, SplitDecl
+from difflet.codegen.decl import BlockDecl, ClassDecl, ProbeDecl, SplitDecl
 from difflet.codegen.probe_feature import FeatureProbe
 from difflet.families.qwen_image.attention import QwenBoundedAttnProcessor, QwenSplitAttnProcessor
 from difflet.errors import DiffletError
@@ -108,5 +108,7 @@ CLASSES = {
                         sp_entries=("txt_in", "img_in"),
                         joint_prefixes=(),  # double-stream only: no linear sees the joint sequence
                         processor=QwenSplitAttnProcessor),
-        probe=ProbeDecl(inputs=("hidden_states", "timestep"), build=QwenImageProbe)),
+        probe=ProbeDecl(inputs=("hidden_states", "timestep"), build=QwenImageProbe),
+        blocks=BlockDecl(stacks=("transformer_blocks",), outputs=("encoder_hidden_states", "hidden_states"),
+                         tail=("hidden_states",))),
 }

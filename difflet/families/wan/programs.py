@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from difflet.codegen.decl import ClassDecl, ProbeDecl, SplitDecl
+from difflet.codegen.decl import BlockDecl, ClassDecl, ProbeDecl, SplitDecl
 from difflet.codegen.text_masks import bidirectional_mask
 from difflet.codegen.probe_feature import FeatureProbe
 from difflet.ir.nodes import Node, Op
@@ -102,7 +102,8 @@ CLASSES = {
                         processor=_wan_split_processor,
                         stream_entries={"blocks.0": 1}, stream_exits={"proj_out": 1},
                         cp_tables={"rope": 1}),
-        probe=ProbeDecl(inputs=("hidden_states", "timestep"), build=WanProbe)),
+        probe=ProbeDecl(inputs=("hidden_states", "timestep"), build=WanProbe),
+        blocks=BlockDecl(stacks=("blocks",), outputs=("hidden_states",), tail=("hidden_states",))),
     "transformers.UMT5EncoderModel": ClassDecl(wrapper=wrap_umt5),
     "diffusers.AutoencoderKLWan": ClassDecl(wrapper=wrap_vae, branch_inputs=("first",)),
 }
