@@ -30,6 +30,7 @@ TINY = sorted(p for p in (REPO / "models").glob("*.dsl") if "tiny" in p.stem)
 def test_family_declarations_say_how_for_exactly_what_built_lists():
     assert set(declared("split")) == set(built.split_built())
     assert set(declared("probe")) == set(built.probe_built())
+    assert set(declared("blocks")) == set(built.blocks_built())
 
 
 def test_every_class_is_declared_by_one_family():

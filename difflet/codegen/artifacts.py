@@ -126,6 +126,7 @@ def _load_entry(root: Path, manifest: Manifest, node: Node, name: str, entry: Co
                                f"but module.ir says {str(node.attrs.get('cache_key'))[:12]}...; "
                                "re-run `difflet codegen`", where=root / entry.ranks[0].program.path)
         labelled = ([(f" ({entry.branch_input}={b.value})", b.files) for b in entry.branches] if entry.branches
+                    else [(f" ({p.part})", p.files) for p in entry.parts] if entry.parts
                     else [(f" (rank {r})" if entry.world > 1 else "", f) for r, f in enumerate(entry.ranks)])
         for which, files in labelled:
             _check_hash(root, files.program, f"program of {name!r}{which}")
@@ -144,6 +145,8 @@ def _load_entry(root: Path, manifest: Manifest, node: Node, name: str, entry: Co
                              [root / f.weights.path for f in entry.ranks])
     if entry.branches:
         return _load_branches(root, manifest, node, name, entry, verify, shared)
+    if entry.parts:
+        return _load_parts(root, manifest, node, name, entry, verify, shared)
     files = entry.ranks[0]
     if files.constants is None:
         return load_runner(manifest.backend, root / files.program.path, root / files.weights.path)
@@ -203,3 +206,26 @@ def _load_branches(root: Path, manifest: Manifest, node: Node, name: str, entry:
         runners[branch.value] = load_runner(manifest.backend, root / files.program.path, root / files.weights.path,
                                             root / files.constants.path, shared)
     return BranchRunner(names.index(entry.branch_input), runners)
+
+
+def _load_parts(root: Path, manifest: Manifest, node: Node, name: str, entry: Component, verify: bool,
+                shared: dict | None):
+    """A block-mode denoiser as one runner (codegen/block_programs.py): front and rest over the
+    shared weights file, loaded once; each part's key checked against the component's."""
+    from difflet.codegen.backends import load_runner
+    from difflet.codegen.block_programs import BlockRunner, part_key
+    from difflet.codegen.declarations import declaration
+
+    shared = shared if shared is not None else {}
+    runners = {}
+    for part in entry.parts:
+        if verify and part.cache_key != part_key(entry.cache_key, part.part):
+            raise DiffletError(f"{part.part} program of {name!r} does not belong to the component's cache key; "
+                               "re-run `difflet codegen`", where=root / part.files.program.path)
+        files = part.files
+        runners[part.part] = load_runner(manifest.backend, root / files.program.path, root / files.weights.path,
+                                         root / files.constants.path, shared)
+    decl = declaration(str(node.attrs.get("class"))).blocks
+    n = len(entry.outputs)
+    residuals = [(tuple(v.shape), v.dtype) for v in entry.parts[0].inputs[len(entry.inputs):]]
+    return BlockRunner(runners["front"], runners["rest"], n, decl.tail, decl.outputs, residuals)

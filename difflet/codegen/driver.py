@@ -46,6 +46,12 @@ def _require_planned(module: Module, backend: str = "inductor") -> None:
         if not comp.attrs.get("cache_key"):
             raise DiffletError(f"component {comp.name!r} has no cache_key; run `difflet opt` first",
                                where=comp.loc)
+        from difflet.passes.built import blocks_reason
+
+        reason = blocks_reason(comp, backend)
+        if reason:
+            raise DiffletError(f"component {comp.name!r} has front_blocks {comp.attrs.get('front_blocks')}; "
+                               f"{reason}", where=comp.loc)
         for layout in comp.find(Op.LAYOUT):
             from difflet.codegen.split_layout import unsupported_reason
 

@@ -53,6 +53,10 @@ def emit_program(module: Module, name: str, ckpt: Path, store, backend: str, out
     from difflet.codegen.branches import branch_views, target_control_flow
 
     node = next(n for n in program_nodes(module) if n.name == name)
+    if node.attrs.get("front_blocks"):
+        from difflet.codegen.block_programs import emit_blocks
+
+        return emit_blocks(node, ckpt, store, backend, out)
     views = branch_views(node, target_control_flow(module))
     if views:
         return emit_branches(node, views, ckpt, store, backend, out)

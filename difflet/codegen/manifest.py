@@ -10,7 +10,8 @@ Invariants:
   "probe", `source` the component it is cut from): one load path for all programs.
 - Every entry lists its files per rank (`ranks[r]`, rank r's program and weights); an unsplit
   program has exactly one rank. A branch set (`branches`, one program per value of the runtime
-  input `branch_input`) is one rank too, the first branch's files. A cfg2 entry (`cfg` 2) lists its inner layout's ranks once
+  input `branch_input`) is one rank too, the first branch's files; so is a block-mode denoiser
+  (`parts`: front and rest, `front_blocks` its cut), the front's files. A cfg2 entry (`cfg` 2) lists its inner layout's ranks once
   (`world`, `degrees`: the inner layout's); both cfg groups load the same files. Paths are relative to ART/ (ART is self-contained).
 """
 from __future__ import annotations
@@ -28,7 +29,8 @@ from difflet.errors import DiffletError
 # 3: shape buckets (`buckets`; per-size entries NAME@SIZE whose `weights` file is shared by every
 #    size of the component and whose graph-made constants are their own `constants` file)
 # 4: branch programs (`branch_input`, `branches`: one program per value of a runtime input)
-FORMAT_VERSION = 4
+# 5: block programs (`front_blocks`, `parts`: a denoiser's front and rest over one weights file)
+FORMAT_VERSION = 5
 MANIFEST = "manifest.json"
 MODULE_FILE = "module.ir"
 PROBE_ROLE = "probe"
@@ -81,6 +83,16 @@ class Branch(_Strict):
     files: RankFiles  # `weights` is shared by every branch; `constants`: this program's own
 
 
+class Part(_Strict):
+    """One program of a denoiser cut into block mode's front and rest (codegen/block_programs.py)."""
+
+    part: Literal["front", "rest"]
+    cache_key: str
+    files: RankFiles  # `weights` is shared by both parts; `constants`: this program's own
+    inputs: tuple[ValueSpec, ...]  # the IR's, then the part's extra ones
+    outputs: tuple[ValueSpec, ...]
+
+
 class Component(_Strict):
     """One compiled program (per rank) and how it is called."""
 
@@ -96,6 +108,8 @@ class Component(_Strict):
     source: str | None = None  # the probe: the component it is cut from
     branch_input: str | None = None  # one program per value of this runtime input: `branches`
     branches: tuple[Branch, ...] = ()  # `ranks[0]` is the first branch's files
+    front_blocks: int = 0  # > 0: `parts` are the front (its first front_blocks blocks) and the rest
+    parts: tuple[Part, ...] = ()  # `ranks[0]` is the front's files
 
     def __post_init__(self) -> None:
         if len(self.ranks) != self.world:  # raised as a ValidationError naming the entry
@@ -104,6 +118,11 @@ class Component(_Strict):
                 (self.branches and (self.world != 1 or self.ranks[0] != self.branches[0].files)):
             raise ValueError("`branch_input` and `branches` go together, on one rank whose files are "
                              "the first branch's")
+        if (self.front_blocks > 0) != bool(self.parts) or (self.parts and (
+                [p.part for p in self.parts] != ["front", "rest"] or self.world != 1
+                or self.ranks[0] != self.parts[0].files)):
+            raise ValueError("`front_blocks` > 0 and `parts` (front, rest) go together, on one rank whose "
+                             "files are the front's")
 
 
 class Versions(_Strict):

@@ -8,7 +8,7 @@ model card says and what the planner calls buildable cannot drift from what is s
 Invariants:
 - Torch-free (the API process and difflet/passes import it).
 - `rules` holds the family's own denoiser classes' split rules (passes/split_rules.py reads them
-  through the registry); `split_built` / `probe_built` / `spmd_built` name those of its classes
+  through the registry); `split_built` / `probe_built` / `spmd_built` / `blocks_built` name those of its classes
   whose split / probe / neuron SPMD programs codegen builds (passes/built.py), and exactly those
   have a `SplitDecl` / `ProbeDecl` in the family's programs.py (tests/test_passes_built.py).
 - The guidance mode is the one a step of the module declares (`guidance: {mode: ...}`), else
@@ -53,6 +53,7 @@ class FamilyFacts:
     split_built: tuple[str, ...] = ()
     probe_built: tuple[str, ...] = ()
     spmd_built: tuple[str, ...] = ()
+    blocks_built: tuple[str, ...] = ()  # denoisers codegen cuts into block mode's front and rest
     # checkpoint directory -> the bundled description (models/NAME.dsl) that serves it, when
     # no model is named (the family is found from model_index.json: difflet/frontend/discover.py)
     description: Callable[[Any], str] = lambda ckpt: ""

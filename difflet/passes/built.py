@@ -2,13 +2,14 @@
 `difflet codegen` refuses, and codegen refuses with the same words.
 
 Invariants:
-- Torch-free. `split_built()` / `probe_built()` / `spmd_built()` are the denoiser classes whose
-  split / probe / neuron SPMD programs codegen builds, as each family's facts list them
-  (difflet/families/<family>/facts.py): the single list both the planner and codegen read. How
-  each is built is its family's declaration (difflet/families/<family>/programs.py `CLASSES`, a
-  `SplitDecl` / `ProbeDecl`), present for exactly these classes (tests/test_passes_built.py).
+- Torch-free. `split_built()` / `probe_built()` / `spmd_built()` / `blocks_built()` are the
+  denoiser classes whose split / probe / neuron SPMD / block-mode programs codegen builds, as
+  each family's facts list them (difflet/families/<family>/facts.py): the single list both the
+  planner and codegen read. How each is built is its family's declaration
+  (difflet/families/<family>/programs.py `CLASSES`, a `SplitDecl` / `ProbeDecl` / `BlockDecl`),
+  present for exactly these classes (tests/test_passes_built.py).
 - A legal plan is buildable iff `reasons(planned, backend)` is empty; codegen raises the first
-  reason of the component it is about to build (`layout_reason`, `probe_reason`).
+  reason of the component it is about to build (`layout_reason`, `probe_reason`, `blocks_reason`).
 - A cfg layout is built iff its class declares its branch inputs (the twins are in the IR) and
   its inner layout (one cfg group: world / cfg ranks) is built: an inner world of 1 is built for
   every class (each group runs the unsplit program), a larger one needs split_built().
@@ -36,6 +37,11 @@ def split_built() -> tuple[str, ...]:
 def probe_built() -> tuple[str, ...]:
     """Denoiser classes whose step-caching probe program codegen builds."""
     return _built("probe_built")
+
+
+def blocks_built() -> tuple[str, ...]:
+    """Denoiser classes codegen cuts into block mode's front and rest programs."""
+    return _built("blocks_built")
 
 
 def spmd_built() -> tuple[str, ...]:
@@ -91,8 +97,26 @@ def probe_reason(probe: Node) -> str | None:
     return None
 
 
+def blocks_reason(comp: Node, backend: str = "inductor") -> str | None:
+    """Why codegen cannot cut this planned denoiser into front and rest (None when it can or
+    when it is not cut)."""
+    if not comp.attrs.get("front_blocks"):
+        return None
+    if comp.attrs.get("class") not in blocks_built():
+        return f"block programs of {comp.attrs.get('class')} are not built"
+    if backend != "inductor":
+        return f"block programs are built for the inductor backend only so far, not {backend}"
+    layouts = comp.find(Op.LAYOUT)
+    if layouts and replica_world(layouts[0].attrs) > 1:
+        return "block programs are built for unsplit denoisers (tp1) only so far"
+    if comp.attrs.get("bucket") is not None:
+        return "block programs with shape buckets are not built"
+    return None
+
+
 def reasons(planned: Module, backend: str = "inductor") -> list[tuple[str, str]]:
     """(component, reason) for everything in a planned module that codegen would refuse."""
     out = [(c.name, r) for c in planned.components() if (r := layout_reason(c, backend))]
     out += [(p.name, r) for p in planned.find(Op.PROBE) if (r := probe_reason(p))]
+    out += [(c.name, r) for c in planned.components() if (r := blocks_reason(c, backend))]
     return out

@@ -35,7 +35,7 @@ from difflet.passes import model_facts as F
 from difflet.passes.backend_facts import BACKENDS
 
 KEY_ATTRS = ("role", "class", "config", "entry", "dtype", "probe", "mode", "source", "modules",
-             "stops_before", "score", "fused_into")
+             "stops_before", "score", "fused_into", "front_blocks")
 
 
 def package_version(dist: str) -> str:

@@ -38,11 +38,14 @@ def _component_tp(values: tuple[str, ...]) -> dict[str, int]:
 @click.option("--component-tp", multiple=True, metavar="NAME=N",
               help="own tp degree of an encoder/decoder (default 1, raised automatically when it "
                    "does not fit replicated beside the denoiser)")
+@click.option("--front-blocks", type=click.IntRange(0, 9999), default=0, show_default=True,
+              help="block mode: compile the denoiser's first K blocks as a front program and the rest "
+                   "as another, sharing one copy of the weights (0: one whole program)")
 @click.option("--list-legal", is_flag=True, help="print every configuration of --cores cores and exit")
 @click.option("--explain-key", is_flag=True, help="print every cache key's inputs as JSON")
 @click.option("--text", is_flag=True, help="also print the planned IR as text")
 def opt(infile, parallel, output, target, cores, attention, probe, backend, component_tp,
-        list_legal, explain_key, text) -> None:
+        front_blocks, list_legal, explain_key, text) -> None:
     """Plan parallelism, check legality on a target, extract the probe and key the cache."""
     from difflet.ir.binary import load, save
     from difflet.passes import cache_key, legal_configs
@@ -64,7 +67,7 @@ def opt(infile, parallel, output, target, cores, attention, probe, backend, comp
     if not output and not explain_key and not text:
         raise click.UsageError("give -o OUT.ir (or --explain-key / --text / --list-legal)")
     planned = optimize(module, parallel=parallel, target=target, backend=backend, probe=probe,
-                       attention=attention, cores=cores, component_tp=ctp)
+                       attention=attention, cores=cores, component_tp=ctp, front_blocks=front_blocks)
     if output:
         save(planned, output)
     if explain_key:

@@ -23,6 +23,7 @@ from difflet.passes import cache_key, component_tp, legality
 from difflet.passes.cfg_branch import add_cfg_branches
 from difflet.passes import model_facts as F
 from difflet.passes.extract_probe import extract_probe
+from difflet.passes.front_blocks import cut_front
 from difflet.passes.parallel_config import ParallelConfig, parse_parallel
 from difflet.passes.plan_parallel import plan_parallel
 from difflet.passes.targets import load_target
@@ -38,6 +39,7 @@ class Options:
     probe: str = "none"
     cores: int | None = None
     component_tp: Mapping[str, int] = field(default_factory=dict)
+    front_blocks: int = 0  # block mode: the denoiser's first K blocks as their own program (0: whole)
 
 
 def _plan(m: Module, o: Options) -> Module:
@@ -56,6 +58,10 @@ def _probe(m: Module, o: Options) -> Module:
 
 def _cfg_branch(m: Module, o: Options) -> Module:
     return add_cfg_branches(m)
+
+
+def _front_blocks(m: Module, o: Options) -> Module:
+    return cut_front(m, o.front_blocks, o.backend)
 
 
 def _legality(m: Module, o: Options) -> Module:
@@ -97,6 +103,7 @@ PASSES: list[tuple[str, Callable[[Module, Options], Module]]] = [
     ("plan-parallel", _plan),
     ("extract-probe", _probe),
     ("cfg-branch", _cfg_branch),  # after extract-probe: the probe reads the conditional pass only
+    ("front-blocks", _front_blocks),  # after plan-parallel: a split layout is refused
     ("legality", _legality),
     ("cache-key", _cache_key),
     ("verify", _verify),
@@ -106,7 +113,8 @@ PASSES: list[tuple[str, Callable[[Module, Options], Module]]] = [
 def optimize(module: Module, parallel: str = "tp1", target: str = "cpu", backend: str | None = None,
              compiler_version: str | None = None, probe: str = "none", attention: str | None = None,
              cores: int | None = None, component_tp: Mapping[str, int] | None = None,
-             passes: list[str] | None = None, difflet_version: str | None = None) -> Module:
+             passes: list[str] | None = None, difflet_version: str | None = None,
+             front_blocks: int = 0) -> Module:
     """Run PASSES (or the named subset, in PASSES order) and return the planned module.
 
     backend None = the target's first backend; compiler_version None = read from the installed
@@ -117,13 +125,14 @@ def optimize(module: Module, parallel: str = "tp1", target: str = "cpu", backend
 
     if buckets(module):  # each size is planned on its own; size-independent nodes plan identically
         return merge([optimize(v, parallel, target, backend, compiler_version, probe, attention, cores,
-                               component_tp, passes, difflet_version) for _, v in views(module)])
+                               component_tp, passes, difflet_version, front_blocks)
+                      for _, v in views(module)])
     table = load_target(target)
     backend = backend or table["backends"][0]
     opts = Options(parallel=parse_parallel(parallel, attention), target=target, backend=backend,
                    compiler_version=compiler_version or cache_key.compiler_version(backend),
                    difflet_version=difflet_version, probe=probe, cores=cores,
-                   component_tp=dict(component_tp or {}))
+                   component_tp=dict(component_tp or {}), front_blocks=front_blocks)
     for name, run in PASSES:
         if passes is None or name in passes:
             module = run(module, opts)

@@ -105,7 +105,9 @@ class ModelRunner:
         self.manifest = manifest
         self.probe = probe
         self.env.asset("stepcache:probe", lambda: probe)  # per server; its state never read across requests
-        self._plans = PlanResolver(tie_keys(module, self.manifest), probe is not None, calibrations)
+        blocks = self.manifest is not None and any(c.parts for c in self.manifest.components.values())
+        self._plans = PlanResolver(tie_keys(module, self.manifest), probe is not None, calibrations,
+                                   has_blocks=blocks)
         self.default_cache = self._plans.resolve(cache)
         self._slots = threading.BoundedSemaphore(self.max_batch)
         self.lora = None  # a LoraSwitch once `load_loras` ran

@@ -21,6 +21,9 @@ Decision rules, inside the window:
 - calibrated   est = poly(score); per step: cached iff est < threshold; accumulate: the sum of
                est since the last full step, this step's included, must stay below threshold.
                Every full step resets the sum.
+- block        cached iff score < threshold, the score being the front program's relative L1
+               change since the rest last ran (None before it ever ran: full); the outputs
+               come from the programs (stepcache/blocks.py), not from full()/cached().
 """
 from __future__ import annotations
 
@@ -93,11 +96,13 @@ class StepCache:
         return self.mode.initial <= i < self.total - self.mode.final
 
     def decide(self, i: int, score: float | None = None) -> bool:
-        """True if step i is cached. Call once per step, in order; `score` only when calibrated."""
+        """True if step i is cached. Call once per step, in order; `score` when calibrated or block."""
         kind = self.mode.kind
         est = self.curve(score) if kind == "calibrated" and score is not None else None
-        if kind == "off" or self.delta is None or not self.in_window(i):
+        if kind == "off" or not self.in_window(i) or (self.delta is None and kind != "block"):
             cached = False
+        elif kind == "block":  # score: the front's change since the rest last ran (stepcache/blocks.py)
+            cached = score is not None and score < self.mode.threshold
         elif kind == "cadence":
             cached = (i - self.mode.initial) % self.mode.cadence != 0
         elif kind == "online-delta":

@@ -7,9 +7,13 @@ Syntax (the `cache` field of a request, `--cache` of a server):
   calibrated:FILE[:THRESHOLD][:step|accumulate]
                                   FILE from `difflet calibrate`; THRESHOLD > 0 overrides the file's;
                                   step/accumulate overrides how estimates meet the threshold
-  any of the three, then options, each at most once:
-  +forecast[:ORDER]               ORDER in [0, 2], default 1: a cached step's output is forecast
-                                  from the last ORDER+1 computed outputs (see controller.py)
+  block[:THRESHOLD]               THRESHOLD in (0, 10], default 0.08; needs an artifact built with
+                                  `difflet opt --front-blocks K`: the front runs every step, the rest
+                                  only when the front's output changed by >= THRESHOLD (relative L1)
+                                  since the rest last ran; else the rest's last residual is reused
+  any of these, then options, each at most once:
+  +forecast[:ORDER]               ORDER in [0, 2], default 1: a cached step's output (block: the
+                                  rest's residual) is forecast from the last ORDER+1 computed ones
   +keep:INITIAL:FINAL             the full steps before and after the cacheable window, each in
                                   [0, 1000] (default 5 and 5; online-delta and calibrated keep >= 2 first)
 Invariants:
@@ -25,8 +29,10 @@ from dataclasses import dataclass, replace
 
 from difflet.errors import DiffletError
 
-KINDS = ("off", "cadence", "online-delta", "calibrated")
+KINDS = ("off", "cadence", "online-delta", "calibrated", "block")
 DEFAULT_ALPHA = 0.6
+DEFAULT_BLOCK_THRESHOLD = 0.08  # cache-dit's DBCache default residual-difference threshold
+MAX_BLOCK_THRESHOLD = 10.0
 DEFAULT_KEEP = (5, 5)
 MAX_CADENCE = 100
 MAX_ALPHA = 10.0
@@ -41,7 +47,7 @@ class CacheMode:
     cadence: int = 0
     alpha: float = 0.0
     calibration: str = ""          # calibration file path (calibrated)
-    threshold: float | None = None  # None: the calibration file's
+    threshold: float | None = None  # calibrated: None = the calibration file's; block: its threshold
     accumulate: bool | None = None  # None: the calibration file's
     initial: int = DEFAULT_KEEP[0]
     final: int = DEFAULT_KEEP[1]
@@ -67,6 +73,8 @@ class CacheMode:
             return f"cadence:{self.cadence}"
         if self.kind == "online-delta":
             return f"online-delta:{self.alpha:g}"
+        if self.kind == "block":
+            return f"block:{self.threshold:g}"
         if self.kind == "calibrated":
             parts = [f"calibrated:{self.calibration}"]
             if self.threshold is not None:
@@ -150,8 +158,13 @@ def _decision(field: str, text: str, initial: int, final: int) -> CacheMode:
         return CacheMode("online-delta", alpha=alpha, initial=max(initial, 2), final=final)
     if kind == "calibrated":
         return _calibrated(field, text, rest, initial, final)
-    raise _fail(field, f"unknown cache mode {text!r}; expected off, cadence:N, online-delta[:ALPHA] "
-                       "or calibrated:FILE[:THRESHOLD][:step|accumulate], each optionally "
+    if kind == "block":
+        threshold = DEFAULT_BLOCK_THRESHOLD if not rest else _number(field, rest, "block threshold")
+        if not 0 < threshold <= MAX_BLOCK_THRESHOLD:
+            raise _fail(field, f"block threshold {threshold:g} is outside (0, {MAX_BLOCK_THRESHOLD:g}]")
+        return CacheMode("block", threshold=threshold, initial=initial, final=final)
+    raise _fail(field, f"unknown cache mode {text!r}; expected off, cadence:N, online-delta[:ALPHA], "
+                       "calibrated:FILE[:THRESHOLD][:step|accumulate] or block[:THRESHOLD], each optionally "
                        "followed by +forecast[:ORDER] and +keep:INITIAL:FINAL")
 
 

@@ -42,22 +42,27 @@ OFF = CachePlan(CacheMode())
 class PlanResolver:
     """Mode strings -> CachePlans for one artifact; calibration files are read once per (path, mtime)."""
 
-    def __init__(self, tie_keys: dict | None, has_probe: bool, names: dict[str, str] | None = None) -> None:
+    def __init__(self, tie_keys: dict | None, has_probe: bool, names: dict[str, str] | None = None,
+                 has_blocks: bool = False) -> None:
         self.tie_keys = tie_keys or {}
         self.has_probe = has_probe
+        self.has_blocks = has_blocks
         self.names = dict(names or {})  # a server's --calibration NAME -> file: `calibrated:NAME`
         self._files: dict[tuple[str, float], dict] = {}  # checked file data
 
     def resolve(self, text: str | None, field: str = "cache") -> CachePlan:
         mode = parse_mode(text, field)
+        if mode.kind == "block" and not self.has_blocks:
+            raise DiffletError(f"{field}: block caching needs a denoiser built as front and rest programs, and "
+                               f"this artifact has none (it serves {self.serves()}); build the artifact from "
+                               "`difflet opt --front-blocks K`", where=field)
         if mode.kind != "calibrated":
             return CachePlan(mode)
         if mode.calibration in self.names:
             mode = replace(mode, calibration=self.names[mode.calibration])
         if not self.has_probe:
             raise DiffletError(f"{field}: calibrated caching needs a probe program, and this artifact has "
-                               "none (it serves off, cadence:N and online-delta[:ALPHA], each with "
-                               "+forecast[:K] and +keep:I:F); build the artifact "
+                               f"none (it serves {self.serves()}); build the artifact "
                                "from `difflet opt --probe separate`", where=field)
         try:
             stamp = os.stat(mode.calibration).st_mtime
@@ -69,6 +74,13 @@ class PlanResolver:
             check_tied(data, self.tie_keys, field)
             self._files[key] = data
         return CachePlan(mode, calibration_from(self._files[key], mode, field))
+
+    def serves(self) -> str:
+        """The modes this artifact serves, as the refusals name them."""
+        kinds = ["off", "cadence:N", "online-delta[:ALPHA]"]
+        kinds += ["calibrated:FILE"] if self.has_probe else []
+        kinds += ["block[:THRESHOLD]"] if self.has_blocks else []
+        return ", ".join(kinds[:-1]) + f" and {kinds[-1]}, each with +forecast[:K] and +keep:I:F"
 
 
 @dataclass(frozen=True)

@@ -23,5 +23,5 @@ FACTS = FamilyFacts(
     default_guidance="embedded",
     rules={DENOISER: dict(dual_single_stream(),
                           probe=("x_embedder", "time_text_embed", "transformer_blocks.0.norm1"))},
-    split_built=(DENOISER,), probe_built=(DENOISER,), spmd_built=(DENOISER,),
+    split_built=(DENOISER,), probe_built=(DENOISER,), blocks_built=(DENOISER,), spmd_built=(DENOISER,),
 )

@@ -35,5 +35,5 @@ FACTS = FamilyFacts(
     templated=_llama, fps=fps, default_guidance="embedded",
     rules={DENOISER: dict(dual_single_stream(),
                           probe=("x_embedder", "time_text_embed", "transformer_blocks.0.norm1"))},
-    split_built=(DENOISER,), probe_built=(DENOISER,),
+    split_built=(DENOISER,), probe_built=(DENOISER,), blocks_built=(DENOISER,),
 )

@@ -88,6 +88,6 @@ FACTS = FamilyFacts(
         "probe": ("proj_in", "time_embed", "transformer_blocks.0.scale_shift_table", "transformer_blocks.0.norm1"),
         "cfg_branch": ("encoder_hidden_states", "audio_encoder_hidden_states"),
     }},
-    split_built=(DENOISER,), probe_built=(DENOISER,),
+    split_built=(DENOISER,), probe_built=(DENOISER,), blocks_built=(DENOISER,),
     derived_config={VIDEO_VAE: video_vae_derived, AUDIO_VAE: audio_vae_derived, VOCODER: vocoder_derived},
 )

@@ -43,6 +43,6 @@ FACTS = FamilyFacts(
         "probe": ("img_in", "time_text_embed", "transformer_blocks.0.img_mod", "transformer_blocks.0.img_norm1"),
         "cfg_branch": ("encoder_hidden_states", "valid_text"),
     }},
-    split_built=(DENOISER,), probe_built=(DENOISER,), spmd_built=(DENOISER,),
+    split_built=(DENOISER,), probe_built=(DENOISER,), blocks_built=(DENOISER,), spmd_built=(DENOISER,),
     derived_config={TEXT_ENCODER: text_encoder_derived},
 )

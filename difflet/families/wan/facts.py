@@ -77,6 +77,6 @@ FACTS = FamilyFacts(
     }},
     # not spmd_built: its tp layout all-reduces the q/k RMSNorm statistics across heads, a
     # collective outside NxD's parallel linears (codegen/neuron_spmd.py)
-    split_built=(DENOISER,), probe_built=(DENOISER,),
+    split_built=(DENOISER,), probe_built=(DENOISER,), blocks_built=(DENOISER,),
     derived_config={VAE: vae_derived},
 )

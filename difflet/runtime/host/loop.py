@@ -39,6 +39,8 @@ def cached_loop(env: HostEnv, state: RequestState, scheduler, timesteps, latents
                            where="cache")
     ms = {"full_step_ms": 0.0, "cached_step_ms": 0.0, "probe_ms": 0.0}
     scores: list[float | None] = []
+    if cache.mode.kind == "block":
+        return _block_loop(state, hooks, scheduler, timesteps, latents, predict, cache, ms)
     for i, t in enumerate(timesteps):
         hooks.before_step()
         score = None
@@ -61,4 +63,27 @@ def cached_loop(env: HostEnv, state: RequestState, scheduler, timesteps, latents
         hooks.after_step(i, total, cached)
     state.values["cache_stats"] = dict(cache.stats(), probe_calls=len(scores), scores=scores,
                                        changes=list(cache.changes), **ms)
+    return latents
+
+
+def _block_loop(state: RequestState, hooks, scheduler, timesteps, latents, predict, cache, ms) -> torch.Tensor:
+    """Block mode: every step's predict runs under the request's BlockSession, which calls the
+    denoiser's front and, on full steps, its rest (difflet/stepcache/blocks.py)."""
+    from difflet.stepcache.blocks import BlockSession, active
+
+    session, total = BlockSession(cache), len(timesteps)
+    for i, t in enumerate(timesteps):
+        hooks.before_step()
+        start = time.perf_counter()
+        session.begin(i)
+        with active(session):
+            noise_pred = predict(latents, t)
+        if session.calls == 0:
+            raise DiffletError("block caching needs a denoiser built with `difflet opt --front-blocks K` "
+                               "and called in the request's own thread (not batched)", where="cache")
+        latents = scheduler.step(noise_pred, t, latents, return_dict=False)[0]
+        ms["cached_step_ms" if session.cached else "full_step_ms"] += (time.perf_counter() - start) * 1000.0
+        hooks.after_step(i, total, session.cached)
+    state.values["cache_stats"] = dict(cache.stats(), probe_calls=0, scores=list(session.scores),
+                                       changes=[None] * total, **session.stats(), **ms)
     return latents
