@@ -193,7 +193,7 @@ def test_malformed_manifest_is_refused_naming_the_field(flux_tiny_art, tmp_path,
 def test_manifest_of_another_format_version_is_refused(flux_tiny_art, tmp_path):
     root = _copy(flux_tiny_art, tmp_path / "art")
     _edit(root, lambda m: m.update(format=1))
-    with pytest.raises(DiffletError, match=r"manifest format 1 is not 4 .*re-run `difflet codegen`"):
+    with pytest.raises(DiffletError, match=r"manifest format 1 is not 5 .*re-run `difflet codegen`"):
         load_artifacts(root)
     (root / "manifest.json").write_text("[1, 2]")
     with pytest.raises(DiffletError, match="manifest is not a JSON object"):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from difflet.codegen.manifest import Component, FileRef, RankFiles
+from difflet.codegen.manifest import FORMAT_VERSION, Component, FileRef, RankFiles
 from difflet.codegen.neuron_placement import (PLACEMENT_ENV, VISIBLE_ENV, instance_cores, parse_visible, plan,
                                               slot_of)
 from difflet.errors import DiffletError
@@ -125,7 +125,7 @@ def test_the_model_process_sets_its_replicas_cores_before_loading(tmp_path, monk
     from difflet.codegen.manifest import MANIFEST, Manifest, Versions, write_manifest
 
     comps = components("flux-tiny.dsl", "dp2xtp2")
-    m = Manifest(format=4, model="m", family="flux", profile={}, parallel={"dp": 2}, target="trn2", backend="neuron",
+    m = Manifest(format=FORMAT_VERSION, model="m", family="flux", profile={}, parallel={"dp": 2}, target="trn2", backend="neuron",
                  versions=Versions("t", "d"), module=_ref("module.ir"), host="host", host_files={},
                  weights_source="w", components=comps)
     write_manifest(tmp_path, m)
@@ -151,7 +151,7 @@ def test_a_model_process_sets_its_placement_before_it_loads(tmp_path, monkeypatc
     from difflet.runtime import model_process
 
     write_manifest(tmp_path, Manifest(
-        format=4, model="m", family="flux", profile={}, parallel={"dp": 2}, target="trn2", backend="neuron",
+        format=FORMAT_VERSION, model="m", family="flux", profile={}, parallel={"dp": 2}, target="trn2", backend="neuron",
         versions=Versions("t", "d"), module=_ref("module.ir"), host="host", host_files={}, weights_source="w",
         components=components("flux-tiny.dsl", "dp2xtp2")))
     monkeypatch.setattr(neuron_placement, "instance_cores", lambda target, environ, dev: (0, 8))

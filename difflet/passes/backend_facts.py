@@ -34,6 +34,7 @@ class BackendFacts:
     spmd_splits: bool = False  # a split layout is one SPMD program for all ranks, not a program per rank
     parallel_compiles: bool = False  # missing programs compile concurrently in worker processes
     shape_buckets: bool = False  # builds shape-bucket programs (one per size, shared weights file)
+    block_programs: bool = False  # builds block mode's front and rest programs (shared weights file)
     flags: Callable[[str], dict[str, Any]] | None = None  # target name -> the key's compiler-flags part
     attention: str = "fused"  # the bounded-attention kernel its programs call (kernels/select.py IMPLEMENTATIONS)
 
@@ -49,7 +50,7 @@ class BackendFacts:
 
 BACKENDS: dict[str, BackendFacts] = {
     "inductor": BackendFacts("inductor", compiler="torch", split_programs=True, parallel_compiles=True,
-                             shape_buckets=True),
+                             shape_buckets=True, block_programs=True),
     "neuron": BackendFacts("neuron", compiler="neuronx-cc", toolchain=("torch-neuronx", "neuronx-distributed"),
                            split_programs=True, spmd_splits=True,
                            flags=neuron_flags.key_part, attention="nki"),

@@ -104,8 +104,10 @@ def blocks_reason(comp: Node, backend: str = "inductor") -> str | None:
         return None
     if comp.attrs.get("class") not in blocks_built():
         return f"block programs of {comp.attrs.get('class')} are not built"
-    if backend != "inductor":
-        return f"block programs are built for the inductor backend only so far, not {backend}"
+    facts = BACKENDS.get(backend)
+    if facts is None or not facts.block_programs:
+        return (f"block programs are built for the {', '.join(names_with('block_programs'))} backends only "
+                f"so far, not {backend}")
     layouts = comp.find(Op.LAYOUT)
     if layouts and replica_world(layouts[0].attrs) > 1:
         return "block programs are built for unsplit denoisers (tp1) only so far"
