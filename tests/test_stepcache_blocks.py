@@ -196,3 +196,27 @@ def test_block_mode_on_a_cfg_video_family(tmp_path_factory):
     finally:
         cut.close()
         ref.close()
+
+
+def test_front_blocks_is_planned_keyed_and_refused_where_not_built():
+    from conftest import REPO
+    from difflet.errors import DiffletError
+    from difflet.frontend.lower import lower_file
+    from difflet.passes.pipeline import optimize
+
+    dsl = lower_file(str(REPO / "models" / "flux-tiny4.dsl"))
+
+    def key(k: int) -> str:
+        planned = optimize(dsl, parallel="tp1", target="cpu", backend="inductor", front_blocks=k)
+        den = next(c for c in planned.components() if c.attrs.get("role") == "denoiser")
+        assert den.attrs.get("front_blocks", 0) == k
+        return den.attrs["cache_key"]
+
+    assert len({key(0), key(1), key(2)}) == 3  # a cut never reuses another cut's programs
+    with pytest.raises(DiffletError, match=r"--front-blocks 1: block programs are built for unsplit "
+                                           r"denoisers \(tp1\) only so far \(component transformer\)") as err:
+        optimize(dsl, parallel="tp2", target="cpu", backend="inductor", front_blocks=1)
+    assert err.value.where == "--front-blocks"
+    with pytest.raises(DiffletError, match=r"block programs are built for the inductor backends only so far, "
+                                           r"not neuron"):
+        optimize(dsl, parallel="tp1", target="trn2", backend="neuron", front_blocks=1)

@@ -57,7 +57,8 @@ class Request(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     negative_prompt: Optional[Annotated[str, Meta(max_length=MAX_PROMPT_CHARS, description=(
         "true-CFG models: the negative prompt (default: the model family's)"))]] = None
     cache: Annotated[str, Meta(description=(
-        "step-cache override: off | cadence:N | online-delta:ALPHA | calibrated:NAME[:THRESHOLD], "
+        "step-cache override: off | cadence:N | online-delta:ALPHA | calibrated:NAME[:THRESHOLD] | "
+        "block[:THRESHOLD] (an artifact built with --front-blocks), "
         "each optionally followed by +forecast[:K] (K 0-2) and +keep:INITIAL:FINAL "
         "(NAME: a server's --calibration; the Python API takes a file) (default: the server's mode)"))] = ""
     lora: Annotated[str, Meta(max_length=96, pattern=r"^$|^[A-Za-z0-9_.-]{1,64}(:[-+]?[0-9]+(\.[0-9]*)?)?$", extra={

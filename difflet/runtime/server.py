@@ -121,7 +121,8 @@ def _adapters(specs: tuple[str, ...]) -> tuple[tuple[str, str, float], ...]:
 @click.option("--grace", default=10.0, show_default=True, type=click.FloatRange(0),
               help="seconds a cancelled generation may take to stop before its process is killed")
 @click.option("--cache", default="off", show_default=True,
-              help="step-cache mode: off | cadence:N | online-delta:ALPHA | calibrated:NAME|FILE[:THRESHOLD], "
+              help="step-cache mode: off | cadence:N | online-delta:ALPHA | calibrated:NAME|FILE[:THRESHOLD] | "
+                   "block[:THRESHOLD] (an artifact built with `difflet opt --front-blocks K`), "
                    "each optionally +forecast[:K] and +keep:INITIAL:FINAL")
 @click.option("--calibration", "calibrations", multiple=True, metavar="NAME=FILE",
               help="a calibration file (`difflet calibrate`) that requests may use as cache "
