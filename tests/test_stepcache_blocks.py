@@ -213,10 +213,53 @@ def test_front_blocks_is_planned_keyed_and_refused_where_not_built():
         return den.attrs["cache_key"]
 
     assert len({key(0), key(1), key(2)}) == 3  # a cut never reuses another cut's programs
-    with pytest.raises(DiffletError, match=r"--front-blocks 1: block programs are built for unsplit "
-                                           r"denoisers \(tp1\) only so far \(component transformer\)") as err:
-        optimize(dsl, parallel="tp2", target="cpu", backend="inductor", front_blocks=1)
+    with pytest.raises(DiffletError, match=r"--front-blocks 1: block programs of split layouts are built for "
+                                           r"tp alone so far \(no sp, cp or cfg\) \(component transformer\)") as err:
+        optimize(dsl, parallel="tp2+sp", target="cpu", backend="inductor", front_blocks=1)
     assert err.value.where == "--front-blocks"
     with pytest.raises(DiffletError, match=r"block programs are built for the inductor backends only so far, "
                                            r"not neuron"):
         optimize(dsl, parallel="tp1", target="trn2", backend="neuron", front_blocks=1)
+
+
+@pytest.mark.slow
+def test_block_mode_on_a_tp2_layout(tmp_path_factory):
+    """flux-tiny4 at tp2 cut after its first block: one group of rank workers runs both parts
+    (each rank loads its one weights file once) and equals the unsplit tp1 denoiser; a block-mode
+    request on it skips exactly what the tp1 block artifact skips.
+
+    Tolerance: TP reorders the row-parallel sums (fp32), 1e-4 as tests/test_split_flux.py."""
+    from conftest import REPO
+    from difflet.codegen.artifacts import load_artifacts
+    from difflet.codegen.build import example_inputs
+    from difflet.frontend.lower import lower_file
+    from difflet.passes.pipeline import optimize
+    from difflet.runtime.runner import ModelRunner
+    from oracle_util import compile_art, random_checkpoint
+
+    dsl = lower_file(str(REPO / "models" / "flux-tiny4.dsl"))
+    whole = optimize(dsl, parallel="tp1", target="cpu", backend="inductor")
+    ckpt = random_checkpoint(whole)
+    cut = compile_art(optimize(dsl, parallel="tp2", target="cpu", backend="inductor", front_blocks=1), ckpt,
+                      tmp_path_factory.mktemp("flux4-tp2-cut"))
+    cut1 = compile_art(optimize(dsl, parallel="tp1", target="cpu", backend="inductor", front_blocks=1), ckpt,
+                       tmp_path_factory.mktemp("flux4-tp1-cut"))
+    art = load_artifacts(cut)
+    try:
+        entry = art.manifest.components["transformer"]
+        assert entry.world == 2 and [len(p.ranks) for p in entry.parts] == [2, 2]
+        assert entry.parts[0].ranks[1].weights == entry.parts[1].ranks[1].weights  # one file per rank
+        node = art.module.component("transformer")
+        x = example_inputs(node)
+        want = load_artifacts(compile_art(whole, ckpt, tmp_path_factory.mktemp("flux4-whole"))).programs[
+            "transformer"](*x)
+        for got, ref in zip(art.programs["transformer"](*x), want, strict=True):
+            assert (got - ref).abs().max().item() <= 1e-4
+    finally:
+        art.programs["transformer"].close()
+    counts = []
+    for root in (cut, cut1):
+        with ModelRunner.from_artifacts(root) as runner:
+            stats = runner.generate(runner.resolve(prompt="a fox", seed=2, steps=STEPS, cache="block:0.05")).stats
+            counts.append((stats["schedule"], stats["front_calls"], stats["rest_calls"]))
+    assert counts[0] == counts[1] and counts[0][1] == STEPS

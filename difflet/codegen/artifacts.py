@@ -126,7 +126,8 @@ def _load_entry(root: Path, manifest: Manifest, node: Node, name: str, entry: Co
                                f"but module.ir says {str(node.attrs.get('cache_key'))[:12]}...; "
                                "re-run `difflet codegen`", where=root / entry.ranks[0].program.path)
         labelled = ([(f" ({entry.branch_input}={b.value})", b.files) for b in entry.branches] if entry.branches
-                    else [(f" ({p.part})", p.files) for p in entry.parts] if entry.parts
+                    else [(f" ({p.part}, rank {r})", f) for p in entry.parts for r, f in enumerate(p.ranks)]
+                    if entry.parts
                     else [(f" (rank {r})" if entry.world > 1 else "", f) for r, f in enumerate(entry.ranks)])
         for which, files in labelled:
             _check_hash(root, files.program, f"program of {name!r}{which}")
@@ -138,6 +139,10 @@ def _load_entry(root: Path, manifest: Manifest, node: Node, name: str, entry: Co
 
         return cfg_program(node, manifest.backend, [root / f.program.path for f in entry.ranks],
                            [root / f.weights.path for f in entry.ranks])
+    if entry.parts:
+        from difflet.codegen.block_programs import load_parts
+
+        return load_parts(root, manifest, node, name, entry, verify, shared)
     if entry.world > 1:
         from difflet.codegen.split_codegen import split_program
 
@@ -145,8 +150,6 @@ def _load_entry(root: Path, manifest: Manifest, node: Node, name: str, entry: Co
                              [root / f.weights.path for f in entry.ranks])
     if entry.branches:
         return _load_branches(root, manifest, node, name, entry, verify, shared)
-    if entry.parts:
-        return _load_parts(root, manifest, node, name, entry, verify, shared)
     files = entry.ranks[0]
     if files.constants is None:
         return load_runner(manifest.backend, root / files.program.path, root / files.weights.path)
@@ -180,7 +183,8 @@ def load_artifacts(root: str | os.PathLike, verify: bool = True) -> Artifacts:
 
             art.probe = ProbeProgram(node, loaded)
         else:
-            art.programs[name] = loaded if entry.world > 1 or entry.cfg > 1 else Program(node, loaded)
+            art.programs[name] = loaded if (entry.world > 1 and not entry.parts) or entry.cfg > 1 \
+                else Program(node, loaded)
     return art
 
 
@@ -207,25 +211,3 @@ def _load_branches(root: Path, manifest: Manifest, node: Node, name: str, entry:
                                             root / files.constants.path, shared)
     return BranchRunner(names.index(entry.branch_input), runners)
 
-
-def _load_parts(root: Path, manifest: Manifest, node: Node, name: str, entry: Component, verify: bool,
-                shared: dict | None):
-    """A block-mode denoiser as one runner (codegen/block_programs.py): front and rest over the
-    shared weights file, loaded once; each part's key checked against the component's."""
-    from difflet.codegen.backends import load_runner
-    from difflet.codegen.block_programs import BlockRunner, part_key
-    from difflet.codegen.declarations import declaration
-
-    shared = shared if shared is not None else {}
-    runners = {}
-    for part in entry.parts:
-        if verify and part.cache_key != part_key(entry.cache_key, part.part):
-            raise DiffletError(f"{part.part} program of {name!r} does not belong to the component's cache key; "
-                               "re-run `difflet codegen`", where=root / part.files.program.path)
-        files = part.files
-        runners[part.part] = load_runner(manifest.backend, root / files.program.path, root / files.weights.path,
-                                         root / files.constants.path, shared)
-    decl = declaration(str(node.attrs.get("class"))).blocks
-    n = len(entry.outputs)
-    residuals = [(tuple(v.shape), v.dtype) for v in entry.parts[0].inputs[len(entry.inputs):]]
-    return BlockRunner(runners["front"], runners["rest"], n, decl.tail, decl.outputs, residuals)

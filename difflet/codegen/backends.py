@@ -58,9 +58,12 @@ class Backend(BackendFacts):
             return runner(program, weights)
         return runner(program, weights, constants, shared)
 
-    def load_rank(self, program: Path, weights: Path):
-        """The program a rank worker runs, with its presharded weights."""
-        return self.rank_runner(program, weights) if self.rank_runner is not None else self.load(program, weights)
+    def load_rank(self, program: Path, weights: Path, constants: Path | None = None, shared: dict | None = None):
+        """The program a rank worker runs, with its presharded weights (`constants`/`shared`: as `load`)."""
+        if self.rank_runner is None:
+            return self.load(program, weights, constants, shared)
+        return self.rank_runner(program, weights) if constants is None else \
+            self.rank_runner(program, weights, constants, shared)
 
 
 def _inductor() -> dict[str, Any]:

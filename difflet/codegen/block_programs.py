@@ -6,9 +6,11 @@ Invariants:
   (front: inputs residual_<s> for each tail stream s, outputs front_<s> for every stream; rest:
   inputs front_<s>, outputs residual_<s>; shapes from one eager run of the front), so each is
   a Program-convention module (codegen/blocks.py) compiled under its own key
-  `part_key(cache_key, part)`; the IR's cache key already holds `front_blocks`.
-- The checkpoint tensors both parts load are one file (`weights` of both parts' RankFiles),
-  loaded once at serving (the CompiledRunner `shared` cache): every weight in memory once.
+  `part_key(cache_key, part)` (per rank under a tp layout: split_codegen.rank_key of it); the
+  IR's cache key already holds `front_blocks`.
+- The checkpoint tensors both parts load are one file per rank (`weights` of both parts'
+  RankFiles), loaded once at serving (the CompiledRunner `shared` cache) by the one process
+  that runs both parts (this one, or the rank's worker): every weight in memory once.
 - `BlockRunner(*ir_inputs)` keeps the Program call convention: with no active block session it
   is the whole denoiser (front with zero residuals, then rest); in a block-mode request it
   defers to the session (stepcache/blocks.py).
@@ -45,61 +47,155 @@ def part_view(node: Node, part: str, streams: dict[str, tuple[tuple[int, ...], s
                                    attrs=node.attrs.set(cache_key=part_key(node.attrs["cache_key"], part)))
 
 
-def emit_blocks(node: Node, ckpt: Path, store, backend: str, out: Path):
-    """Compile (or reuse) the front and rest programs of `node`, write them with one shared
-    weights file and each part's graph-made constants; returns (manifest entry, compiled any)."""
-    from safetensors.torch import save_file
-
-    from difflet.codegen.artifacts import program_paths, value_spec
-    from difflet.codegen.backends import get_backend
+def _streams(node: Node, ckpt: Path, backend: str) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Stream name -> (shape, dtype name) after block K, from one eager run of the unsplit front
+    (under tp alone every rank holds the whole streams, so a split part's are the same)."""
     from difflet.codegen.blocks import BlockModule, stream_shapes
     from difflet.codegen.build import build_program_module, example_inputs
     from difflet.codegen.declarations import declaration
-    from difflet.codegen.emit import manifest_entry
-    from difflet.codegen.inductor import module_tensors
-    from difflet.codegen.manifest import Part, RankFiles, file_ref
+
+    decl = declaration(node.attrs["class"]).blocks
+    front = BlockModule(build_program_module(node, ckpt, backend), decl, int(node.attrs["front_blocks"]), FRONT)
+    found = stream_shapes(front, example_inputs(node))
+    return {s: (shape, str(dtype).removeprefix("torch.")) for s, (shape, dtype) in zip(decl.outputs, found)}
+
+
+def _write_rank(out: Path, name: str, rank: int, made: list[tuple[str, dict, set]], entries: dict, be):
+    """Rank `rank`'s files: each part's program linked in, their module tensors in one weights
+    file, each part's graph-made constants in its own; returns {part: RankFiles}."""
+    from safetensors.torch import save_file
+
+    from difflet.codegen.artifacts import program_paths
+    from difflet.codegen.manifest import RankFiles, file_ref
     from difflet.codegen.store import link_or_copy
 
-    decl, k = declaration(node.attrs["class"]).blocks, int(node.attrs["front_blocks"])
-    be, shared, parts, any_created = get_backend(backend), {}, [], False
-    streams = None
-    for part in PARTS:
-        bm = BlockModule(build_program_module(node, ckpt, backend), decl, k, part)
-        if streams is None:
-            found = stream_shapes(bm, example_inputs(node))
-            streams = {s: (shape, str(dtype).removeprefix("torch.")) for s, (shape, dtype) in zip(decl.outputs, found)}
-        view = part_view(node, part, streams, decl.tail)
-        entry, created = store.get_or_create(backend, view.attrs["cache_key"],
-                                             lambda tmp, v=view, m=bm: be.compile_entry(v, m, tmp), directory=True)
-        any_created |= created
-        prog_rel = program_paths(f"{node.name}.{part}")[0]
-        link_or_copy(entry / be.PROGRAM_FILE, out / prog_rel)
-        weights, known = be.program_weights(bm, entry), module_tensors(bm)
-        shared.update({name: t for name, t in weights.items() if name in known})
-        constants_rel = program_paths(f"{node.name}.{part}")[1].replace(".safetensors", ".constants.safetensors")
-        save_file({name: t for name, t in weights.items() if name not in known}, str(out / constants_rel))
-        parts.append((part, view, prog_rel, constants_rel))
-        del bm
-    weights_rel = program_paths(node.name)[1]
+    shared, files = {}, {}
+    weights_rel = program_paths(name, rank)[1]
+    for part, weights, known in made:
+        prog_rel, own_rel = program_paths(f"{name}.{part}", rank)
+        link_or_copy(entries[part] / be.PROGRAM_FILE, out / prog_rel)
+        shared.update({k: t for k, t in weights.items() if k in known})
+        constants_rel = own_rel.replace(".safetensors", ".constants.safetensors")
+        save_file({k: t for k, t in weights.items() if k not in known}, str(out / constants_rel))
+        files[part] = (prog_rel, constants_rel)
     save_file(shared, str(out / weights_rel))
-    made = tuple(Part(part, view.attrs["cache_key"],
-                      RankFiles(file_ref(out, prog), file_ref(out, weights_rel), constants=file_ref(out, consts)),
-                      tuple(value_spec(n.results[0]) for n in view.find(Op.INPUT)),
-                      tuple(value_spec(n.results[0]) for n in view.find(Op.OUTPUT)))
-                 for part, view, prog, consts in parts)
-    return manifest_entry(node, node, [made[0].files], front_blocks=k, parts=made), any_created
+    return {part: RankFiles(file_ref(out, prog), file_ref(out, weights_rel), constants=file_ref(out, consts))
+            for part, (prog, consts) in files.items()}
+
+
+def emit_blocks(module, node: Node, ckpt: Path, store, backend: str, out: Path):
+    """Compile (or reuse) the front and rest programs of `node` (per rank under a tp layout, in
+    rank workers), write each rank's one shared weights file and each program's graph-made
+    constants; returns (manifest entry, whether anything compiled)."""
+    from difflet.codegen.artifacts import value_spec
+    from difflet.codegen.backends import get_backend
+    from difflet.codegen.blocks import BlockModule
+    from difflet.codegen.build import build_program_module
+    from difflet.codegen.declarations import declaration
+    from difflet.codegen.emit import manifest_entry
+    from difflet.codegen.inductor import module_tensors
+    from difflet.codegen.manifest import Part
+    from difflet.codegen.split_codegen import compile_split, degrees, part_rank_weights, world
+
+    decl, k = declaration(node.attrs["class"]).blocks, int(node.attrs["front_blocks"])
+    be, streams = get_backend(backend), _streams(node, ckpt, backend)
+    views = {part: part_view(node, part, streams, decl.tail) for part in PARTS}
+    n = world(node) if node.find(Op.LAYOUT) else 1
+    entries, made, any_created = {}, [[] for _ in range(n)], False
+    for part in PARTS:
+        if n == 1:
+            bm = BlockModule(build_program_module(node, ckpt, backend), decl, k, part)
+            entry, created = store.get_or_create(backend, views[part].attrs["cache_key"],
+                                                 lambda tmp, v=views[part], m=bm: be.compile_entry(v, m, tmp),
+                                                 directory=True)
+            entries[part] = [entry]
+            made[0].append((part, be.program_weights(bm, entry), set(module_tensors(bm))))
+            del bm
+        else:
+            entries[part], created = compile_split(module, node, ckpt, store, backend, part=(part, streams))
+            for r, entry in enumerate(entries[part]):
+                made[r].append((part, *part_rank_weights(node, ckpt, entry, r, backend, (part, streams))))
+        any_created |= created
+    files = [_write_rank(out, node.name, r, made[r], {p: entries[p][r] for p in PARTS}, be) for r in range(n)]
+    parts = tuple(Part(part, views[part].attrs["cache_key"], tuple(f[part] for f in files),
+                       tuple(value_spec(v.results[0]) for v in views[part].find(Op.INPUT)),
+                       tuple(value_spec(v.results[0]) for v in views[part].find(Op.OUTPUT)))
+                  for part in PARTS)
+    extra = {"world": n, "degrees": dict(degrees(node))} if n > 1 else {}
+    return manifest_entry(node, node, list(parts[0].ranks), front_blocks=k, parts=parts, **extra), any_created
+
+
+def load_parts(root: Path, manifest, node: Node, name: str, entry, verify: bool, shared: dict | None):
+    """A block-mode denoiser's BlockRunner: its parts' programs over each rank's one weights file
+    (world 1: in this process, each weight loaded once; a tp layout: one group of rank workers
+    that each load both parts, `BlockRank`); each part's key checked against the component's."""
+    from difflet.codegen.declarations import declaration
+    from difflet.errors import DiffletError
+
+    for part in entry.parts:
+        if verify and part.cache_key != part_key(entry.cache_key, part.part):
+            raise DiffletError(f"{part.part} program of {name!r} does not belong to the component's cache key; "
+                               "re-run `difflet codegen`", where=root / part.ranks[0].program.path)
+    front, rest = entry.parts
+    decl = declaration(str(node.attrs.get("class"))).blocks
+    residuals = [(tuple(v.shape), v.dtype) for v in front.inputs[len(entry.inputs):]]
+    paths = [tuple(str(root / p) for p in (f.program.path, r.program.path, f.weights.path, f.constants.path,
+                                           r.constants.path)) for f, r in zip(front.ranks, rest.ranks, strict=True)]
+    if entry.world == 1:
+        rank = load_block_rank(0, None, manifest.backend, *paths[0], shared=shared)
+        return BlockRunner(rank.front, rank.rest, len(entry.outputs), decl.tail, decl.outputs, residuals)
+    import torch
+
+    from difflet.codegen.backends import get_backend
+    from difflet.codegen.split_codegen import degrees
+    from difflet.parallel.workers import SplitProgram
+
+    get_backend(manifest.backend).prepare_rank_loads()  # once here, not by every rank worker at once
+    workers = SplitProgram(node, degrees(node), load_block_rank, [(manifest.backend, *p) for p in paths])
+    front_sel, rest_sel = torch.tensor(0), torch.tensor(1)
+    return BlockRunner(lambda *t: workers.unchecked(front_sel, *t), lambda *t: workers.unchecked(rest_sel, *t),
+                       len(entry.outputs), decl.tail, decl.outputs, residuals, close=workers.close)
+
+
+class BlockRank:
+    """One rank's front and rest programs over its one weights file; `rank(which, *tensors)`
+    runs the front (which = 0) or the rest (1): a rank worker's runner."""
+
+    def __init__(self, front, rest) -> None:
+        self.front, self.rest = front, rest
+
+    def __call__(self, which, *tensors):
+        return (self.front if int(which) == 0 else self.rest)(*tensors)
+
+
+def load_block_rank(rank: int, groups, backend: str, front: str, rest: str, weights: str, front_constants: str,
+                    rest_constants: str, shared: dict | None = None) -> BlockRank:
+    """Both parts' programs of one rank, every weight of the shared file loaded once; in a rank
+    worker (`groups` given) as the backend's rank runner (inductor: the GIL released while the
+    program waits on a collective, parallel/aoti_runner.py)."""
+    from difflet.codegen.backends import get_backend
+
+    be, shared = get_backend(backend), shared if shared is not None else {}
+    load = be.load if groups is None else be.load_rank
+    return BlockRank(load(Path(front), Path(weights), Path(front_constants), shared),
+                     load(Path(rest), Path(weights), Path(rest_constants), shared))
 
 
 class BlockRunner:
     """Front and rest as one runner of the denoiser's IR call convention (module docstring)."""
 
     def __init__(self, front, rest, n_outputs: int, tail: tuple[str, ...], streams: tuple[str, ...],
-                 residual_specs: list) -> None:
+                 residual_specs: list, close=None) -> None:
         self._front, self._rest, self.n = front, rest, n_outputs
+        self._close = close  # a split's rank workers
         self.tail, self.streams = tail, streams
         self.watched = streams.index(tail[0])  # the stream block mode's score reads
         self._specs = residual_specs  # (shape, dtype name) per tail stream
         self._zeros = None
+
+    def close(self) -> None:
+        if self._close is not None:
+            self._close()
 
     def zero_residuals(self):
         import torch

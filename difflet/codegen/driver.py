@@ -193,6 +193,10 @@ def _codegen_split(module: Module, comp: Node, ckpt: Path, store, be, out: Path)
         from difflet.codegen.neuron_spmd import emit_spmd
 
         return emit_spmd(comp, ckpt, store, out)
+    if comp.attrs.get("front_blocks"):  # block mode's front and rest, per rank
+        from difflet.codegen.block_programs import emit_blocks
+
+        return emit_blocks(module, comp, ckpt, store, be.name, out)
     entries, created = compile_split(module, comp, ckpt, store, be.name)
     return manifest_entry(comp, comp, _rank_files(comp, entries, ckpt, be, out), world=len(entries),
                           degrees=dict(degrees(comp))), created

@@ -56,7 +56,7 @@ def emit_program(module: Module, name: str, ckpt: Path, store, backend: str, out
     if node.attrs.get("front_blocks"):
         from difflet.codegen.block_programs import emit_blocks
 
-        return emit_blocks(node, ckpt, store, backend, out)
+        return emit_blocks(module, node, ckpt, store, backend, out)
     views = branch_views(node, target_control_flow(module))
     if views:
         return emit_branches(node, views, ckpt, store, backend, out)

@@ -115,6 +115,22 @@ def load_program_weights(weights_path: Path, fqns: list[str]) -> dict:
     return {k: weights[k] for k in fqns}
 
 
+def program_constants(fqns: list[str], weights_path: Path, constants_path: Path | None = None,
+                      shared: dict | None = None) -> dict:
+    """The tensors a program's constants `fqns` take: from its weights file, or (with
+    `constants_path`, a program sharing its weights file) from `shared`'s one load of that file
+    (path -> tensors) and its own graph-made constants."""
+    if constants_path is None:
+        return load_program_weights(weights_path, fqns)
+    from safetensors.torch import load_file
+
+    cache = shared if shared is not None else {}
+    if weights_path not in cache:
+        cache[weights_path] = load_file(str(weights_path))
+    own = load_program_weights(constants_path, [k for k in fqns if k not in cache[weights_path]])
+    return {k: cache[weights_path][k] if k in cache[weights_path] else own[k] for k in fqns}
+
+
 def attach_constants(load, metadata: dict, constants: dict) -> dict | None:
     """Load a program's full constants through `load(constants, user_managed, allow_h2d_copy)`.
     On CPU the program points at `constants` (a copy would double the weights' memory at load);
@@ -146,17 +162,8 @@ class CompiledRunner:
             self._model = load_package(str(program_path))
         except Exception as err:  # the loader raises bare RuntimeErrors from C++
             raise DiffletError(f"cannot load compiled program: {err}", where=program_path) from None
-        fqns = list(self._model.get_constant_fqns())
-        if constants_path is None:
-            self._constants = load_program_weights(weights_path, fqns)
-        else:
-            from safetensors.torch import load_file
-
-            cache = shared if shared is not None else {}
-            if weights_path not in cache:
-                cache[weights_path] = load_file(str(weights_path))
-            own = load_program_weights(constants_path, [k for k in fqns if k not in cache[weights_path]])
-            self._constants = {k: cache[weights_path][k] if k in cache[weights_path] else own[k] for k in fqns}
+        self._constants = program_constants(list(self._model.get_constant_fqns()), weights_path,
+                                            constants_path, shared)
         self._constants = attach_constants(
             lambda c, user_managed, allow_h2d_copy: self._model.load_constants(
                 c, check_full_update=True, user_managed=user_managed, allow_h2d_copy=allow_h2d_copy),

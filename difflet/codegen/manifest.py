@@ -10,8 +10,8 @@ Invariants:
   "probe", `source` the component it is cut from): one load path for all programs.
 - Every entry lists its files per rank (`ranks[r]`, rank r's program and weights); an unsplit
   program has exactly one rank. A branch set (`branches`, one program per value of the runtime
-  input `branch_input`) is one rank too, the first branch's files; so is a block-mode denoiser
-  (`parts`: front and rest, `front_blocks` its cut), the front's files. A cfg2 entry (`cfg` 2) lists its inner layout's ranks once
+  input `branch_input`) is one rank too, the first branch's files. A block-mode denoiser
+  (`parts`: front and rest, `front_blocks` its cut) lists the front's rank files as its `ranks`. A cfg2 entry (`cfg` 2) lists its inner layout's ranks once
   (`world`, `degrees`: the inner layout's); both cfg groups load the same files. Paths are relative to ART/ (ART is self-contained).
 """
 from __future__ import annotations
@@ -87,8 +87,8 @@ class Part(_Strict):
     """One program of a denoiser cut into block mode's front and rest (codegen/block_programs.py)."""
 
     part: Literal["front", "rest"]
-    cache_key: str
-    files: RankFiles  # `weights` is shared by both parts; `constants`: this program's own
+    cache_key: str  # a split part's rank r program is the store entry rank_key(cache_key, r, world)
+    ranks: tuple[RankFiles, ...]  # rank r's `weights` are shared by both parts; `constants`: its own
     inputs: tuple[ValueSpec, ...]  # the IR's, then the part's extra ones
     outputs: tuple[ValueSpec, ...]
 
@@ -119,10 +119,10 @@ class Component(_Strict):
             raise ValueError("`branch_input` and `branches` go together, on one rank whose files are "
                              "the first branch's")
         if (self.front_blocks > 0) != bool(self.parts) or (self.parts and (
-                [p.part for p in self.parts] != ["front", "rest"] or self.world != 1
-                or self.ranks[0] != self.parts[0].files)):
-            raise ValueError("`front_blocks` > 0 and `parts` (front, rest) go together, on one rank whose "
-                             "files are the front's")
+                [p.part for p in self.parts] != ["front", "rest"] or self.ranks != self.parts[0].ranks
+                or len(self.parts[1].ranks) != self.world)):
+            raise ValueError("`front_blocks` > 0 and `parts` (front, rest) go together, each with `world` "
+                             "rank files, the front's being `ranks`")
 
 
 class Versions(_Strict):

@@ -66,5 +66,11 @@ class Program:
         with torch.no_grad():  # not inference_mode: callers may update outputs in place
             return tuple(self._runner(*tensors))
 
+    def close(self) -> None:
+        """Stop what the runner holds outside this process (a block-mode split's rank workers)."""
+        close = getattr(self._runner, "close", None)
+        if close is not None:
+            close()
+
     def __repr__(self) -> str:
         return f"Program({self.name}: {[v.name for v in self.inputs]} -> {[v.name for v in self.outputs]})"

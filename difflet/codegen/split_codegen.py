@@ -53,8 +53,23 @@ def static_groups(node: Node, rank: int):
     return RankGroups(rank, deg, coords(rank, deg), ranks, {a: None for a in AXES})
 
 
+def part_module(node: Node, ckpt, groups, part: tuple | None):
+    """This rank's program module and the view it is compiled as: the rank module, or with
+    `part` = (front|rest, streams) block mode's part of it (codegen/block_programs.py)."""
+    pm = build_rank_module(node, ckpt, groups)
+    if part is None:
+        return pm, node
+    from difflet.codegen.block_programs import part_view
+    from difflet.codegen.blocks import BlockModule
+    from difflet.codegen.declarations import declaration
+
+    decl = declaration(node.attrs["class"]).blocks
+    bm = BlockModule(pm, decl, int(node.attrs["front_blocks"]), part[0])
+    return bm, part_view(node, part[0], part[1], decl.tail)
+
+
 def _compile_rank(rank: int, world_size: int, module_bytes: bytes, name: str, ckpt: str,
-                  store_root: str, backend: str) -> bool:
+                  store_root: str, backend: str, part: tuple | None = None) -> bool:
     """Body of one compile rank (run by run_ranks): export + compile this rank's program."""
     from difflet.codegen.backends import get_backend
     from difflet.codegen.store import Store
@@ -64,37 +79,50 @@ def _compile_rank(rank: int, world_size: int, module_bytes: bytes, name: str, ck
     node = binary.decode(module_bytes).component(name)
     groups = make_groups(degrees(node))  # first group creation in this process: names match loaders
     be = get_backend(backend)
-    pm = build_rank_module(node, ckpt, groups)
+    pm, view = part_module(node, ckpt, groups, part)
     _, created = Store(store_root).get_or_create(
-        backend, rank_key(node.attrs["cache_key"], rank, world_size),
-        lambda tmp: be.compile_entry(node, pm, tmp), directory=True)
+        backend, rank_key(view.attrs["cache_key"], rank, world_size),
+        lambda tmp: be.compile_entry(view, pm, tmp), directory=True)
     return created
 
 
 def compile_split(module, node: Node, ckpt: str | os.PathLike, store, backend: str = "inductor",
-                  timeout: float = 1800.0) -> tuple[list[Path], bool]:
+                  timeout: float = 1800.0, part: tuple | None = None) -> tuple[list[Path], bool]:
     """Every rank's store entry for `node` (compiling in rank workers if any is missing);
-    returns (entries in rank order, whether anything was compiled)."""
+    returns (entries in rank order, whether anything was compiled). `part`: block mode's
+    (front|rest, streams) program of it instead (`part_module`)."""
     from difflet.ir import binary
     from difflet.parallel.launch import run_ranks
 
     n = world(node)
-    keys = [rank_key(node.attrs["cache_key"], r, n) for r in range(n)]
+    key = node.attrs["cache_key"]
+    if part is not None:
+        from difflet.codegen.block_programs import part_key
+
+        key = part_key(key, part[0])
+    keys = [rank_key(key, r, n) for r in range(n)]
     created = False
     if not all(store.has(backend, k) for k in keys):
         # every rank must take part: export runs the collectives, so all ranks trace together
         made = run_ranks(_compile_rank, n, binary.encode(module), node.name, str(ckpt), str(store.root),
-                         backend, timeout=timeout)
+                         backend, part, timeout=timeout)
         created = any(made)
     return [store.path(backend, k) for k in keys], created
 
 
 def rank_weights(node: Node, ckpt: str | os.PathLike, entry: Path, rank: int, backend: str = "inductor"):
     """Rank `rank`'s presharded constants for the program in `entry`."""
-    from difflet.codegen.backends import get_backend
+    return part_rank_weights(node, ckpt, entry, rank, backend, None)[0]
 
-    pm = build_rank_module(node, ckpt, static_groups(node, rank))
-    return get_backend(backend).program_weights(pm, entry)
+
+def part_rank_weights(node: Node, ckpt, entry: Path, rank: int, backend: str, part: tuple | None):
+    """(rank `rank`'s presharded constants for the program in `entry`, the names among them
+    that are module tensors rather than graph-made constants); `part` as `part_module`'s."""
+    from difflet.codegen.backends import get_backend
+    from difflet.codegen.inductor import module_tensors
+
+    pm, _ = part_module(node, ckpt, static_groups(node, rank), part)
+    return get_backend(backend).program_weights(pm, entry), set(module_tensors(pm))
 
 
 def load_compiled_rank(rank: int, groups, backend: str, program: str, weights: str):

@@ -12,7 +12,7 @@ collectives at once). Eager collectives never showed it because `torch.ops` call
 GIL while the op runs.
 
 Invariants:
-- `NoGilRunner(program, weights)(*tensors) -> tuple[Tensor, ...]` behaves like
+- `NoGilRunner(program, weights[, constants, shared])(*tensors) -> tuple[Tensor, ...]` behaves like
   difflet.codegen.inductor.CompiledRunner (same package, same full constant update checked, on
   CPU the same user-managed weights), except that the compiled call runs with the GIL released.
 - The C++ shim is built once per source text by torch.utils.cpp_extension (cached under
@@ -71,15 +71,16 @@ def build():
 class NoGilRunner:
     """A loaded AOTInductor package with its weights, called with the GIL released."""
 
-    def __init__(self, program_path: Path, weights_path: Path) -> None:
-        from difflet.codegen.inductor import attach_constants, load_program_weights
+    def __init__(self, program_path: Path, weights_path: Path, constants_path: Path | None = None,
+                 shared: dict | None = None) -> None:
+        from difflet.codegen.inductor import attach_constants, program_constants
         from difflet.errors import DiffletError
 
         try:
             self._loader = build().NoGilLoader(str(program_path))
         except RuntimeError as err:  # the loader raises bare RuntimeErrors from C++
             raise DiffletError(f"cannot load compiled program: {err}", where=program_path) from None
-        weights = load_program_weights(weights_path, list(self._loader.constant_fqns()))
+        weights = program_constants(list(self._loader.constant_fqns()), weights_path, constants_path, shared)
         # as CompiledRunner: on CPU the program points at these tensors (weights in memory once)
         self._constants = attach_constants(self._loader.load_constants, self._loader.metadata(), weights)
 

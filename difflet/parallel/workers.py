@@ -193,6 +193,11 @@ class SplitProgram:
     def __call__(self, *tensors):
         return self._program(*tensors)
 
+    def unchecked(self, *tensors):
+        """A call whose tensors are not the node's IR inputs (a block-mode rank's part selector
+        and its part's own inputs: codegen/block_programs.BlockRank); the caller checked them."""
+        return self._dispatch(*tensors)
+
     def close(self) -> None:
         """Stop every worker (idempotent)."""
         if not getattr(self, "_procs", None):

@@ -110,7 +110,9 @@ def blocks_reason(comp: Node, backend: str = "inductor") -> str | None:
                 f"so far, not {backend}")
     layouts = comp.find(Op.LAYOUT)
     if layouts and replica_world(layouts[0].attrs) > 1:
-        return "block programs are built for unsplit denoisers (tp1) only so far"
+        la = Layout.of(layouts[0].attrs)
+        if la.sp or la.cp > 1 or la.cfg > 1:  # tp alone keeps every block's streams whole on each rank
+            return "block programs of split layouts are built for tp alone so far (no sp, cp or cfg)"
     if comp.attrs.get("bucket") is not None:
         return "block programs with shape buckets are not built"
     return None
