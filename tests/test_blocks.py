@@ -50,7 +50,8 @@ def denoiser(request, tmp_path_factory):
 
 
 def _parts(node, ckpt, k):
-    from difflet.codegen.blocks import FRONT, REST, BlockModule
+    from difflet.codegen.block_programs import FRONT, REST
+    from difflet.codegen.blocks import BlockModule
     from difflet.codegen.build import build_program_module
     from difflet.codegen.declarations import declaration
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from difflet.codegen.manifest import (MANIFEST, PROBE_ROLE, Component, FileRef, Manifest, RuntimeSetting,
-                                      ScheduleStep, ValueSpec, read_manifest, sha256_file)
+from difflet.codegen.manifest import (MANIFEST, PROBE_ROLE, Component, FileRef, Manifest, RankFiles,
+                                      RuntimeSetting, ScheduleStep, ValueSpec, read_manifest, sha256_file)
 from difflet.codegen.program import Program  # noqa: F401 - the loader's call convention
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Module, Node, Op, RuntimeType, Value, thaw
@@ -51,6 +51,14 @@ def runtime_settings(module: Module) -> tuple[RuntimeSetting, ...]:
         out.append(RuntimeSetting(v.name, v.kind, v.dtype, v.shape, v.lo, v.hi,
                                   default=n.attrs.get("default"), doc=n.attrs.get("doc")))
     return tuple(out)
+
+
+def manifest_entry(node: Node, view: Node, ranks: list[RankFiles], **extra: Any) -> Component:
+    """The manifest entry of a compiled program; its signature is `view`'s (the probe's pruned view)."""
+    return Component(role=str(node.attrs.get("role")), cls=str(node.attrs.get("class")),
+                     cache_key=node.attrs["cache_key"], ranks=tuple(ranks),
+                     inputs=tuple(value_spec(n.results[0]) for n in view.find(Op.INPUT)),
+                     outputs=tuple(value_spec(n.results[0]) for n in view.find(Op.OUTPUT)), **extra)
 
 
 def program_paths(name: str, rank: int = 0) -> tuple[str, str]:

@@ -1,5 +1,5 @@
-"""A denoiser planned with `front_blocks = K` as two programs over one weights file, and the
-runner that serves them as one program.
+"""A denoiser planned with `front_blocks = K` as two programs over one weights file (compiled by
+codegen/block_emit.py), and the runner that serves them as one program.
 
 Invariants:
 - Each part's program view is the component with its extra values appended after the IR's
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import msgspec
 
-from difflet.codegen.blocks import FRONT, REST
 from difflet.ir.nodes import Node, Op, TensorType, Value
 
+FRONT, REST = "front", "rest"
 PARTS = (FRONT, REST)
 
 
@@ -45,84 +45,6 @@ def part_view(node: Node, part: str, streams: dict[str, tuple[tuple[int, ...], s
         extra = [value(Op.INPUT, f"front_{s}") for s in streams] + [value(Op.OUTPUT, f"residual_{s}") for s in tail]
     return msgspec.structs.replace(node, body=(*node.body, *extra),
                                    attrs=node.attrs.set(cache_key=part_key(node.attrs["cache_key"], part)))
-
-
-def _streams(node: Node, ckpt: Path, backend: str) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Stream name -> (shape, dtype name) after block K, from one eager run of the unsplit front
-    (under tp alone every rank holds the whole streams, so a split part's are the same)."""
-    from difflet.codegen.blocks import BlockModule, stream_shapes
-    from difflet.codegen.build import build_program_module, example_inputs
-    from difflet.codegen.declarations import declaration
-
-    decl = declaration(node.attrs["class"]).blocks
-    front = BlockModule(build_program_module(node, ckpt, backend), decl, int(node.attrs["front_blocks"]), FRONT)
-    found = stream_shapes(front, example_inputs(node))
-    return {s: (shape, str(dtype).removeprefix("torch.")) for s, (shape, dtype) in zip(decl.outputs, found)}
-
-
-def _write_rank(out: Path, name: str, rank: int, made: list[tuple[str, dict, set]], entries: dict, be):
-    """Rank `rank`'s files: each part's program linked in, their module tensors in one weights
-    file, each part's graph-made constants in its own; returns {part: RankFiles}."""
-    from safetensors.torch import save_file
-
-    from difflet.codegen.artifacts import program_paths
-    from difflet.codegen.manifest import RankFiles, file_ref
-    from difflet.codegen.store import link_or_copy
-
-    shared, files = {}, {}
-    weights_rel = program_paths(name, rank)[1]
-    for part, weights, known in made:
-        prog_rel, own_rel = program_paths(f"{name}.{part}", rank)
-        link_or_copy(entries[part] / be.PROGRAM_FILE, out / prog_rel)
-        shared.update({k: t for k, t in weights.items() if k in known})
-        constants_rel = own_rel.replace(".safetensors", ".constants.safetensors")
-        save_file({k: t for k, t in weights.items() if k not in known}, str(out / constants_rel))
-        files[part] = (prog_rel, constants_rel)
-    save_file(shared, str(out / weights_rel))
-    return {part: RankFiles(file_ref(out, prog), file_ref(out, weights_rel), constants=file_ref(out, consts))
-            for part, (prog, consts) in files.items()}
-
-
-def emit_blocks(module, node: Node, ckpt: Path, store, backend: str, out: Path):
-    """Compile (or reuse) the front and rest programs of `node` (per rank under a tp layout, in
-    rank workers), write each rank's one shared weights file and each program's graph-made
-    constants; returns (manifest entry, whether anything compiled)."""
-    from difflet.codegen.artifacts import value_spec
-    from difflet.codegen.backends import get_backend
-    from difflet.codegen.blocks import BlockModule
-    from difflet.codegen.build import build_program_module
-    from difflet.codegen.declarations import declaration
-    from difflet.codegen.emit import manifest_entry
-    from difflet.codegen.inductor import module_tensors
-    from difflet.codegen.manifest import Part
-    from difflet.codegen.split_codegen import compile_split, degrees, part_rank_weights, world
-
-    decl, k = declaration(node.attrs["class"]).blocks, int(node.attrs["front_blocks"])
-    be, streams = get_backend(backend), _streams(node, ckpt, backend)
-    views = {part: part_view(node, part, streams, decl.tail) for part in PARTS}
-    n = world(node) if node.find(Op.LAYOUT) else 1
-    entries, made, any_created = {}, [[] for _ in range(n)], False
-    for part in PARTS:
-        if n == 1:
-            bm = BlockModule(build_program_module(node, ckpt, backend), decl, k, part)
-            entry, created = store.get_or_create(backend, views[part].attrs["cache_key"],
-                                                 lambda tmp, v=views[part], m=bm: be.compile_entry(v, m, tmp),
-                                                 directory=True)
-            entries[part] = [entry]
-            made[0].append((part, be.program_weights(bm, entry), set(module_tensors(bm))))
-            del bm
-        else:
-            entries[part], created = compile_split(module, node, ckpt, store, backend, part=(part, streams))
-            for r, entry in enumerate(entries[part]):
-                made[r].append((part, *part_rank_weights(node, ckpt, entry, r, backend, (part, streams))))
-        any_created |= created
-    files = [_write_rank(out, node.name, r, made[r], {p: entries[p][r] for p in PARTS}, be) for r in range(n)]
-    parts = tuple(Part(part, views[part].attrs["cache_key"], tuple(f[part] for f in files),
-                       tuple(value_spec(v.results[0]) for v in views[part].find(Op.INPUT)),
-                       tuple(value_spec(v.results[0]) for v in views[part].find(Op.OUTPUT)))
-                  for part in PARTS)
-    extra = {"world": n, "degrees": dict(degrees(node))} if n > 1 else {}
-    return manifest_entry(node, node, list(parts[0].ranks), front_blocks=k, parts=parts, **extra), any_created
 
 
 def load_parts(root: Path, manifest, node: Node, name: str, entry, verify: bool, shared: dict | None):
@@ -147,11 +69,10 @@ def load_parts(root: Path, manifest, node: Node, name: str, entry, verify: bool,
     import torch
 
     from difflet.codegen.backends import get_backend
-    from difflet.codegen.split_codegen import degrees
     from difflet.parallel.workers import SplitProgram
 
     get_backend(manifest.backend).prepare_rank_loads()  # once here, not by every rank worker at once
-    workers = SplitProgram(node, degrees(node), load_block_rank, [(manifest.backend, *p) for p in paths])
+    workers = SplitProgram(node, dict(entry.degrees), load_block_rank, [(manifest.backend, *p) for p in paths])
     front_sel, rest_sel = torch.tensor(0), torch.tensor(1)
     return BlockRunner(lambda *t: workers.unchecked(front_sel, *t), lambda *t: workers.unchecked(rest_sel, *t),
                        len(entry.outputs), decl.tail, decl.outputs, residuals, close=workers.close)

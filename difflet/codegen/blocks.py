@@ -25,10 +25,9 @@ import inspect
 
 import torch
 
+from difflet.codegen.block_programs import FRONT
 from difflet.codegen.decl import BlockDecl
 from difflet.errors import DiffletError
-
-FRONT, REST = "front", "rest"
 
 
 class StandIn(torch.nn.Module):

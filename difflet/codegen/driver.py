@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from difflet.codegen.artifacts import program_paths, runtime_settings, schedule_steps
-from difflet.codegen.emit import emit_program, manifest_entry, program_nodes
+from difflet.codegen.artifacts import manifest_entry
+from difflet.codegen.emit import emit_program, program_nodes
 from difflet.codegen.manifest import (FORMAT_VERSION, MANIFEST, MODULE_FILE, Component, Manifest, RankFiles,
                                       Versions, file_ref, write_manifest)
 from difflet.errors import DiffletError
@@ -194,7 +195,7 @@ def _codegen_split(module: Module, comp: Node, ckpt: Path, store, be, out: Path)
 
         return emit_spmd(comp, ckpt, store, out)
     if comp.attrs.get("front_blocks"):  # block mode's front and rest, per rank
-        from difflet.codegen.block_programs import emit_blocks
+        from difflet.codegen.block_emit import emit_blocks
 
         return emit_blocks(module, comp, ckpt, store, be.name, out)
     entries, created = compile_split(module, comp, ckpt, store, be.name)

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from difflet.codegen.artifacts import program_paths, value_spec
+from difflet.codegen.artifacts import manifest_entry, program_paths
 from difflet.codegen.manifest import Component, RankFiles, file_ref
 from difflet.errors import DiffletError
 from difflet.ir.buckets import base_name
@@ -37,14 +37,6 @@ def key_node(node: Node) -> Node:
     return program_view(node)
 
 
-def manifest_entry(node: Node, view: Node, ranks: list[RankFiles], **extra: Any) -> Component:
-    """The manifest entry of a compiled program; its signature is `view`'s (the probe's pruned view)."""
-    return Component(role=str(node.attrs.get("role")), cls=str(node.attrs.get("class")),
-                     cache_key=node.attrs["cache_key"], ranks=tuple(ranks),
-                     inputs=tuple(value_spec(n.results[0]) for n in view.find(Op.INPUT)),
-                     outputs=tuple(value_spec(n.results[0]) for n in view.find(Op.OUTPUT)), **extra)
-
-
 def emit_program(module: Module, name: str, ckpt: Path, store, backend: str, out: Path) -> tuple[Component, bool]:
     """Compile (or reuse, by its cache key) the unsplit program `name` (a component or the probe)
     and write it and its weights into ART/; returns its manifest entry and whether it compiled.
@@ -54,7 +46,7 @@ def emit_program(module: Module, name: str, ckpt: Path, store, backend: str, out
 
     node = next(n for n in program_nodes(module) if n.name == name)
     if node.attrs.get("front_blocks"):
-        from difflet.codegen.block_programs import emit_blocks
+        from difflet.codegen.block_emit import emit_blocks
 
         return emit_blocks(module, node, ckpt, store, backend, out)
     views = branch_views(node, target_control_flow(module))

@@ -225,7 +225,7 @@ def emit_spmd(comp: Node, ckpt, store, out) -> tuple:
 
     from difflet.codegen.artifacts import program_paths
     from difflet.codegen.build import build_program_module
-    from difflet.codegen.emit import manifest_entry
+    from difflet.codegen.artifacts import manifest_entry
     from difflet.codegen.manifest import RankFiles, file_ref
     from difflet.codegen.neuron import compiler_args, program_weights
     from difflet.codegen.split_codegen import degrees, world

@@ -202,8 +202,8 @@ def _weight_holders(program) -> list:
     if isinstance(runner, torch.nn.Module):
         return [_EagerWeights(runner)]
     raise DiffletError(f"program {getattr(program, 'name', '?')!r} ({type(runner).__name__}) cannot take LoRA weights: "
-                       "adapters are served on unsplit programs of the inductor backend (split, cfg2 and "
-                       "neuron programs: not built yet)", where="--lora")
+                       "adapters are served on unsplit programs of the inductor backend (split, cfg2, "
+                       "block-mode and neuron programs: not built yet)", where="--lora")
 
 
 def _fqns(names: list[str], keys: list[str], partial: bool) -> dict[str, str] | None:
