@@ -16,7 +16,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from difflet.errors import DiffletError
 from difflet.runtime import difflet_pb2 as pb
 from difflet.runtime import messages
-from difflet.runtime.request import FIELDS, Request, check, from_arguments, names
+from difflet.runtime.request import FIELDS, MEDIA, Request, check, from_arguments, names
 
 PROTO_KINDS = {FieldDescriptor.TYPE_INT32: int, FieldDescriptor.TYPE_INT64: int,
                FieldDescriptor.TYPE_DOUBLE: float, FieldDescriptor.TYPE_FLOAT: float,
@@ -26,7 +26,10 @@ INT32_MAX = 2**31 - 1
 
 def test_every_schema_field_has_a_proto_field_of_the_same_meaning_and_back():
     proto = {f.name: f for f in pb.GenerateRequest.DESCRIPTOR.fields}
-    assert set(proto) == {f.name for f in FIELDS}  # both ways: no field only on one side
+    assert set(proto) == {f.name for f in FIELDS} | set(MEDIA)  # both ways: no field only on one side
+    # the image fields: encoded bytes on the wire, several images, an optional mask
+    assert proto["image"].type == proto["mask_image"].type == FieldDescriptor.TYPE_BYTES
+    assert proto["image"].is_repeated and proto["mask_image"].has_presence
     for f in FIELDS:
         p = proto[f.name]
         assert PROTO_KINDS[p.type] is f.kind, f.name
@@ -56,6 +59,8 @@ def test_proto_defaults_mean_the_schema_defaults():
     ({"steps": True}, "steps", "steps: must be an integer, not bool True"),
     ({"guidance": float("nan")}, "guidance", "guidance: nan must be finite and in [0, 100]"),
     ({"guidance": -1}, "guidance", "guidance: -1.0 must be finite and in [0, 100]"),
+    ({"strength": 0}, "strength", "strength: 0.0 must be finite and in (0, 1]"),
+    ({"strength": 1.5}, "strength", "strength: 1.5 must be finite and in (0, 1]"),
     ({"height": -2}, "height", "height: -2 must be >= 0"),
     ({"request_id": "x" * 129}, "request_id", "request_id: is 129 characters, at most 128"),
     ({"request_id": "tab\there"}, "request_id", "request_id: must be printable ASCII"),

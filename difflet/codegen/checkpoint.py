@@ -90,12 +90,20 @@ def materialize_checkpoint(module: Module, seed: int, dest: str | os.PathLike) -
     dest.mkdir(parents=True, exist_ok=True)
     index: dict[str, Any] = {}
     family = module.attrs.get("family")
+    written: dict[str, Node] = {}  # subfolder -> the component that wrote it
     for i, comp in enumerate(module.components()):
-        model = _build_random(comp, seed * 1000 + i)
         sub = comp.attrs.get("subfolder", comp.name)
-        model.save_pretrained(str(dest / sub), safe_serialization=True)
         cls = comp.attrs["class"]
-        index[comp.name] = [_library(cls), cls.rpartition(".")[2]]
+        if sub in written:  # a second entry of one model (a VAE's encoder beside its decoder)
+            first = written[sub]
+            if (first.attrs["class"], thaw(first.attrs.get("config"))) != (cls, thaw(comp.attrs.get("config"))):
+                raise DiffletError(f"components {first.name!r} and {comp.name!r} both read {sub!r} but "
+                                   "declare different classes or configs", where=comp.loc)
+            continue
+        written[sub] = comp
+        model = _build_random(comp, seed * 1000 + i)
+        model.save_pretrained(str(dest / sub), safe_serialization=True)
+        index[sub] = [_library(cls), cls.rpartition(".")[2]]
         tok = comp.attrs.get("tokenizer")
         if tok is not None:
             config = comp.attrs["config"].to_python()

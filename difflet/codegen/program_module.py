@@ -36,6 +36,10 @@ class ProgramModule(torch.nn.Module):
 
 
 def _select(result, sel):
+    """Output `sel` of `result`: an index, a field name, or a dotted path of attributes
+    ("latent_dist.parameters": a VAE encoder's mean | logvar, sampled on the host)."""
     if isinstance(sel, int):
         return result[sel] if isinstance(result, (tuple, list)) else result.to_tuple()[sel]
-    return getattr(result, sel) if hasattr(result, sel) else result[sel]
+    for name in sel.split("."):
+        result = getattr(result, name) if hasattr(result, name) else result[name]
+    return result

@@ -29,9 +29,12 @@ from typing import Any
 from difflet.errors import DiffletError
 from difflet.families import uses_negative_prompt
 from difflet.runtime.prompt_text import PromptLengths, Truncation
-from difflet.runtime.request import Request
+from difflet.runtime.images import ImageLimits
+from difflet.runtime.request import MAX_PROMPT_CHARS, Request
 from difflet.runtime.startup import ArtifactInfo, text_limit
-from difflet.runtime.validate import resolve_request
+from difflet.runtime.validate import profile_images, resolve_request
+
+GRPC_DEFAULT_MESSAGE = 4 << 20  # gRPC's own receive bound, enough for any text-only request
 
 PROMPT_POLICIES = ("truncate", "strict")
 
@@ -45,7 +48,8 @@ class Admission:
     process, truncations to report); `check` -> the request alone."""
 
     def __init__(self, info: ArtifactInfo, prompt_policy: str = "truncate",
-                 adapters: dict[str, float] | None = None, calibrations: dict[str, str] | None = None) -> None:
+                 adapters: dict[str, float] | None = None, calibrations: dict[str, str] | None = None,
+                 image_limits: ImageLimits | None = None) -> None:
         if prompt_policy not in PROMPT_POLICIES:
             raise DiffletError(f"prompt policy {prompt_policy!r} is not one of {PROMPT_POLICIES}",
                                where="--prompt-policy")
@@ -53,6 +57,13 @@ class Admission:
         self.adapters = dict(adapters or {})  # the loaded LoRA adapters' names -> load scales
         self.calibrations = dict(calibrations or {})  # --calibration names -> files; never a request's path
         self.sizes = info.manifest.sizes
+        self.image_limits = image_limits or ImageLimits.for_sizes(
+            [int(w) * int(h) for w, h in (s.split("x")[:2] for s in self.sizes)]
+            + [int(self.profile["height"]) * int(self.profile["width"])])
+        images, mask, _ = profile_images(self.profile)
+        # the largest request message a front must take: its images at the bound, prompts, the rest
+        self.max_message = max(GRPC_DEFAULT_MESSAGE, self.image_limits.max_bytes * (images + mask)
+                               + 8 * MAX_PROMPT_CHARS + (64 << 10))
         self.prompt_policy = prompt_policy
         self.token_limit, self.limit_encoder = text_limit(info.module)
         self.lengths = PromptLengths(info.module, Path(info.root) / info.manifest.host)
@@ -76,7 +87,8 @@ class Admission:
     def admit(self, **values: Any) -> tuple[Request, list[Truncation]]:
         """(the resolved request, truncations to report) of field values (None = not given);
         raises DiffletError naming the field."""
-        request = resolve_request(self.profile, self.sizes, self.adapters, self.calibrations, **values)
+        request = resolve_request(self.profile, self.sizes, self.adapters, self.calibrations,
+                                  image_limits=self.image_limits, **values)
         if self.prompt_policy == "strict" and self.limit_encoder:
             n = self.prompt_tokens(request.prompt)
             if n > self.token_limit:

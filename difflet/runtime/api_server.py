@@ -96,7 +96,8 @@ class DiffletServer:
                 self.keys, on_reject=lambda: self.metrics.rejected("unauthenticated")))
         # ---- end HTTP API block
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers),
-                                   maximum_concurrent_rpcs=workers, interceptors=interceptors)
+                                   maximum_concurrent_rpcs=workers, interceptors=interceptors,
+                                   options=[("grpc.max_receive_message_length", self.admission.max_message)])
         self._stopped = threading.Event()
         self._loading = False  # load() started the replicas' threads: only then can they be stopped
 

@@ -65,7 +65,10 @@ def channel(server: str, api_key: str | None = None, tls_ca: str | None = None) 
 
 
 def make_request(prompt: str, seed: int = 0, **fields) -> pb.GenerateRequest:
-    """A GenerateRequest of request fields (request.Request's names; None = leave it unset)."""
+    """A GenerateRequest of request fields (request.Request's names; None = leave it unset);
+    `image` is one image file's bytes or a list of them, `mask_image` a file's bytes."""
+    if isinstance(fields.get("image"), (bytes, bytearray)):
+        fields["image"] = [fields["image"]]
     return pb.GenerateRequest(prompt=prompt, seed=seed, **{k: v for k, v in fields.items() if v is not None})
 
 
@@ -142,12 +145,15 @@ class Client:
         self._auth = {"api_key": api_key, "tls_ca": tls_ca}
 
     @with_arguments
-    def generate(self, prompt: str, negative_prompt: str | None = None, **arguments) -> pb.GenerateReply:
-        """One Generate call; `arguments` are the request's other fields, by their Python API
-        names (seed, num_inference_steps, guidance_scale, height, width, num_frames, cache, ...)."""
+    def generate(self, prompt: str, negative_prompt: str | None = None, *, image=None, mask_image=None,
+                 **arguments) -> pb.GenerateReply:
+        """One Generate call; `image` (an image file's bytes, or a list of them) and `mask_image`
+        (bytes) for an image-input model; `arguments` are the request's other fields, by their
+        Python API names (seed, num_inference_steps, guidance_scale, strength, height, width,
+        num_frames, cache, ...)."""
         fields = from_arguments(arguments, "generate")
         return generate(self.server, prompt, timeout=self.timeout, negative_prompt=negative_prompt,
-                        **fields, **self._auth)
+                        image=image, mask_image=mask_image, **fields, **self._auth)
 
     def profile(self) -> pb.Profile:
         return get_profile(self.server, self.timeout, **self._auth)

@@ -35,6 +35,10 @@ def request_options(command):
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
               help="file to write: a PNG (image models) or an MP4 (video models)")
 @request_options
+@click.option("--image", "images", multiple=True, type=click.Path(dir_okay=False, exists=True),
+              help="an input image file (PNG, JPEG or WebP) of an image-input model; repeat for several")
+@click.option("--mask", "mask", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="inpainting: the mask image file (white = repaint, black = keep)")
 @click.option("--timeout", type=click.FloatRange(0, min_open=True), default=600.0,
               show_default=True, help="deadline in seconds (queue time included)")
 @click.option("--progress/--no-progress", default=None,
@@ -44,11 +48,15 @@ def request_options(command):
 @click.option("--tls-ca", default=None, type=click.Path(dir_okay=False, exists=True),
               help="connect over TLS, trusting this PEM CA certificate")
 def generate(prompt: str, server: str, output: str, timeout: float, progress: bool | None,
-             api_key: str | None, tls_ca: str | None, **fields) -> None:
+             api_key: str | None, tls_ca: str | None, images: tuple[str, ...], mask: str | None,
+             **fields) -> None:
     """Generate one image (PNG) or video (MP4) on a running difflet-runtime and write it."""
     import grpc
 
     from difflet.runtime import client
+
+    fields["image"] = [Path(p).read_bytes() for p in images] or None  # the server decodes them
+    fields["mask_image"] = Path(mask).read_bytes() if mask else None
 
     bar = ProgressBar(enabled=sys.stderr.isatty() if progress is None else progress)
     reply = None

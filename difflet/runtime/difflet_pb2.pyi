@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "seed", "steps", "guidance", "height", "width", "request_id", "cache", "negative_prompt", "frames", "lora")
+    __slots__ = ("prompt", "seed", "steps", "guidance", "height", "width", "request_id", "cache", "negative_prompt", "frames", "lora", "image", "mask_image", "strength")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,9 @@ class GenerateRequest(_message.Message):
     NEGATIVE_PROMPT_FIELD_NUMBER: _ClassVar[int]
     FRAMES_FIELD_NUMBER: _ClassVar[int]
     LORA_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    MASK_IMAGE_FIELD_NUMBER: _ClassVar[int]
+    STRENGTH_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     seed: int
     steps: int
@@ -30,7 +33,10 @@ class GenerateRequest(_message.Message):
     negative_prompt: str
     frames: int
     lora: str
-    def __init__(self, prompt: _Optional[str] = ..., seed: _Optional[int] = ..., steps: _Optional[int] = ..., guidance: _Optional[float] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., request_id: _Optional[str] = ..., cache: _Optional[str] = ..., negative_prompt: _Optional[str] = ..., frames: _Optional[int] = ..., lora: _Optional[str] = ...) -> None: ...
+    image: _containers.RepeatedScalarFieldContainer[bytes]
+    mask_image: bytes
+    strength: float
+    def __init__(self, prompt: _Optional[str] = ..., seed: _Optional[int] = ..., steps: _Optional[int] = ..., guidance: _Optional[float] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., request_id: _Optional[str] = ..., cache: _Optional[str] = ..., negative_prompt: _Optional[str] = ..., frames: _Optional[int] = ..., lora: _Optional[str] = ..., image: _Optional[_Iterable[bytes]] = ..., mask_image: _Optional[bytes] = ..., strength: _Optional[float] = ...) -> None: ...
 
 class Timings(_message.Message):
     __slots__ = ("encode_ms", "denoise_ms", "decode_ms", "total_ms", "queue_ms")

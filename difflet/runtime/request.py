@@ -15,6 +15,9 @@ Invariants:
 - What depends on the serving profile (sizes, profile defaults, the cache mode's syntax) is
   validate.resolve_request's; a `Request` that passed it has every default resolved (steps,
   guidance, height, width, request_id; frames for a video), so the model process takes it as is.
+- Input images (`image`, `mask_image`: MEDIA) are `Pixels`, decoded and resized once in the API
+  process (runtime/images.py, by validate.resolve_request); every face hands their encoded bytes
+  (or, in the Python API, PIL images) to resolve_request, so they are not `FIELDS`.
 - Torch-free: the API process and the host steps both import it.
 """
 from __future__ import annotations
@@ -34,6 +37,19 @@ MAX_SEED = 2**63 - 1
 # Far past what any family's text encoder reads (1024 tokens at most), and checked before a
 # tokenizer sees the text: a 1 MiB prompt took seconds and hundreds of MB to count (issue 31 finding 4)
 MAX_PROMPT_CHARS = 32768
+
+
+class Pixels(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A decoded input image at the request's size: `data` is height * width * channels uint8,
+    row-major, channels 3 for mode "RGB" and 1 for "L" (a mask)."""
+
+    width: int
+    height: int
+    mode: str
+    data: bytes
+
+
+MEDIA = ("image", "mask_image")  # Request's image fields (Pixels), outside FIELDS
 
 
 class Request(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -65,9 +81,14 @@ class Request(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         "means": "NAME or NAME:SCALE"}, description=(
         "a LoRA adapter the server loaded (--lora NAME=PATH), at its scale or SCALE in [-8, 8]; "
         "\"\" = the base weights"))] = ""
+    strength: Optional[Annotated[float, Meta(gt=0, le=1, description=(
+        "image-to-image and inpainting: how far the input image is noised, (0, 1]; the steps run "
+        "are int(steps x strength) (default: the profile's)"))]] = None
     request_id: Annotated[str, Meta(max_length=128, pattern=r"^[ -~]*$", extra={
         "means": "printable ASCII", "http": ""}, description=(
         "echoed back; the server makes one when empty; unique among the requests in flight"))] = ""
+    image: tuple[Pixels, ...] = ()  # the input image(s) of an image-input profile, at the request's size
+    mask_image: Optional[Pixels] = None  # inpainting: white = repaint, black = keep
 
 
 @dataclass(frozen=True)
@@ -104,10 +125,12 @@ class Field:
             what = "an integer" if self.kind is int else "a number"
             raise self.fail(f"must be {what}, not {type(value).__name__} {value!r}")
         value = self.kind(value)
-        low, high = lim.ge, lim.le
-        inside = (low is None or value >= low) and (high is None or value <= high)
+        low, high, above = lim.ge, lim.le, getattr(lim, "gt", None)  # gt: an open bound (strength)
+        inside = ((low is None or value >= low) and (high is None or value <= high)
+                  and (above is None or value > above))
         if self.kind is float and not (math.isfinite(value) and inside):
-            bound = f">= {low}" if high is None else f"<= {high}" if low is None else f"in [{low}, {high}]"
+            bound = (f"in ({above}, {high}]" if above is not None else f">= {low}" if high is None
+                     else f"<= {high}" if low is None else f"in [{low}, {high}]")
             raise self.fail(f"{value} must be finite and {bound}")
         if not inside:
             raise self.fail(f"{value} is outside [{low}, {high}]" if None not in (low, high)
@@ -118,6 +141,8 @@ class Field:
 def _fields() -> tuple[Field, ...]:
     out = []
     for f in msgspec.inspect.type_info(Request).fields:
+        if f.name in MEDIA:
+            continue
         t, optional = f.type, False
         if isinstance(t, msgspec.inspect.UnionType):
             t, optional = next(x for x in t.types if not isinstance(x, msgspec.inspect.NoneType)), True
@@ -126,9 +151,10 @@ def _fields() -> tuple[Field, ...]:
         extra = (meta.extra or {}) if meta else {}
         kind = {msgspec.inspect.IntType: int, msgspec.inspect.FloatType: float,
                 msgspec.inspect.StrType: str}[type(limits)]
-        unread = [k for k in ("gt", "lt", "multiple_of", "min_length") if getattr(limits, k, None) is not None]
-        if unread:  # a declared range nobody checks would be a silent lie
-            raise TypeError(f"Request.{f.name}: Field.check reads ge/le/max_length/pattern, not {unread}")
+        unread = [k for k in ("lt", "multiple_of", "min_length") if getattr(limits, k, None) is not None]
+        if unread or (getattr(limits, "gt", None) is not None and kind is not float):
+            # a declared range nobody checks would be a silent lie
+            raise TypeError(f"Request.{f.name}: Field.check reads ge/le/gt (floats)/max_length/pattern, not {unread}")
         out.append(Field(f.name, kind, optional, f.required, None if f.required else f.default, limits,
                          (meta.extra_json_schema or {}).get("description", "") if meta else "",
                          extra.get("api", f.name), extra.get("http", f.name), extra.get("means", "")))

@@ -38,6 +38,7 @@ from typing import Any, Callable, Mapping
 from difflet.codegen.manifest import Manifest
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Module
+from difflet.runtime.images import warm_up_inputs
 from difflet.runtime.media import encode_output
 from difflet.runtime.host.env import GenerateParams, HostEnv
 from difflet.runtime.request import Request
@@ -239,7 +240,8 @@ class ModelRunner:
 
         h, w = int(env.profile["height"]), int(env.profile["width"])
         state, result = self._run(self.resolve(prompt=WARM_UP_PROMPT, seed=0, request_id="warm-up",
-                                               height=h, width=w, frames=env.profile.get("frames")))
+                                               height=h, width=w, frames=env.profile.get("frames"),
+                                               **warm_up_inputs(env.profile, w, h)))
         decoded = state.values.get("decoded")
         problems = []
         if decoded is not None and not bool(torch.isfinite(decoded).all()):

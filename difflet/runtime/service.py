@@ -43,8 +43,12 @@ log = logging.getLogger("difflet.runtime")
 
 
 def request_values(request: pb.GenerateRequest) -> dict:
-    """The schema's fields of a GenerateRequest (an unset `optional` one is None: not given)."""
-    return {f.name: getattr(request, f.name) for f in FIELDS if not f.optional or request.HasField(f.name)}
+    """The schema's fields of a GenerateRequest (an unset `optional` one is None: not given), and
+    its input images as encoded bytes (decoded once, by admission)."""
+    values = {f.name: getattr(request, f.name) for f in FIELDS if not f.optional or request.HasField(f.name)}
+    values["image"] = list(request.image) or None
+    values["mask_image"] = request.mask_image if request.HasField("mask_image") else None
+    return values
 
 
 class DiffletServicer(pb_grpc.DiffletServicer):

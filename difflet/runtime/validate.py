@@ -11,6 +11,10 @@ Invariants:
   0 = the profile's at the default size, else the first one served at that size).
 - `lora` names a loaded adapter; resolved it always carries its scale (`NAME:SCALE`), so the model
   process never needs the server's load scales.
+- Input images follow the profile: `images = N` (an image-input profile: 1 to N images
+  required), `mask = true` (inpainting: a mask of the image's size required), `strength = S`
+  (the default strength; a profile without one takes none). They are decoded once and resized to
+  the resolved size here (runtime/images.py), so the model process gets `Pixels` it uses as is.
 - The result has every default resolved: it is what the model process runs, unchecked again.
 """
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any, Mapping, Sequence
 import msgspec
 
 from difflet.errors import DiffletError
+from difflet.runtime.images import ImageLimits, as_list, fit, load
 from difflet.runtime.request import Request, check
 
 SIZE_FIELDS = ("height", "width", "frames")
@@ -136,19 +141,79 @@ def check_lora(lora: str, adapters: Mapping[str, float], field: str = "lora") ->
     return f"{name}:{value!r}"
 
 
+def profile_images(profile: Mapping[str, Any]) -> tuple[int, bool, float | None]:
+    """(most input images, mask required, default strength) of a serving profile; (0, False, None)
+    for a text-only one."""
+    strength = profile.get("strength")
+    return int(profile.get("images", 0) or 0), bool(profile.get("mask", False)), \
+        None if strength is None else float(strength)
+
+
+def _media(profile: Mapping[str, Any], request: Request, image: Any, mask_image: Any,
+           limits: ImageLimits | None, sizes: Sequence[str]) -> dict[str, Any]:
+    """The request's image fields and strength, checked against the profile, decoded and fitted."""
+    most, needs_mask, default_strength = profile_images(profile)
+    images = as_list(image)
+    if images and not most:
+        raise _fail("image", "this model takes no input image (a text-to-image profile); serve an "
+                             "image-input description of its family, e.g. models/flux-img2img.dsl")
+    if most and not images:
+        raise _fail("image", f"this model needs an input image ({_mode(profile)}); none was given")
+    if len(images) > most:
+        raise _fail("image", f"{len(images)} images given; this model takes at most {most}")
+    if mask_image is not None and not needs_mask:
+        raise _fail("mask_image", "this model takes no mask (only an inpainting profile does)")
+    if needs_mask and mask_image is None:
+        raise _fail("mask_image", "this inpainting model needs a mask (white = repaint, black = keep)")
+    if request.strength is not None and default_strength is None:
+        raise _fail("strength", f"this model takes no strength ({_mode(profile)})")
+    if not images:
+        return {}
+    if limits is None:
+        limits = ImageLimits.for_sizes(_areas(profile, sizes))
+    loaded = [load(x, "image" if len(images) == 1 else f"image[{i}]", limits) for i, x in enumerate(images)]
+    out: dict[str, Any] = {"image": tuple(fit(x, request.width, request.height, "RGB") for x in loaded)}
+    if default_strength is not None:
+        out["strength"] = default_strength if request.strength is None else request.strength
+    if mask_image is not None:
+        mask = load(mask_image, "mask_image", limits)
+        if mask.size != loaded[0].size:
+            raise _fail("mask_image", f"{mask.width}x{mask.height} does not match the image's "
+                                      f"{loaded[0].width}x{loaded[0].height} (width x height)")
+        out["mask_image"] = fit(mask, request.width, request.height, "L")
+    return out
+
+
+def _mode(profile: Mapping[str, Any]) -> str:
+    most, needs_mask, strength = profile_images(profile)
+    if not most:
+        return "a text-to-image profile"
+    return "an inpainting profile" if needs_mask else "an image-to-image profile" if strength is not None \
+        else "an image-conditioned profile"
+
+
+def _areas(profile: Mapping[str, Any], sizes: Sequence[str]) -> list[int]:
+    served = [tuple(int(x) for x in s.split("x"))[:2] for s in sizes]
+    return [w * h for w, h in served] + [int(profile["height"]) * int(profile["width"])]
+
+
 def resolve_request(profile: Mapping[str, Any], sizes: Sequence[str] = (), adapters: Mapping[str, float] | None = None,
-                    calibrations: Mapping[str, str] | None = None, **values: Any) -> Request:
+                    calibrations: Mapping[str, str] | None = None, image: Any = None, mask_image: Any = None,
+                    image_limits: ImageLimits | None = None, **values: Any) -> Request:
     """Check one request (field values; None = not given) against `profile`, the served `sizes`
     of a bucketed artifact, the loaded LoRA `adapters` (name -> load scale) and the configured
-    `calibrations` (check_cache_mode), and fill defaults; raises DiffletError naming the field."""
+    `calibrations` (check_cache_mode), and fill defaults; raises DiffletError naming the field.
+    `image` (one or a list) and `mask_image`: encoded image bytes or PIL images, bounded by
+    `image_limits` (default: sized for the served sizes)."""
     request = check(values)
     if len(sizes) > 1:
         height, width, frames = _bucket_size(request.height, request.width, request.frames, profile, sizes)
     else:
         height, width = _size("height", request.height, profile), _size("width", request.width, profile)
         frames = _frames(request.frames, profile)
+    request = msgspec.structs.replace(request, height=height, width=width)
     return msgspec.structs.replace(
-        request, height=height, width=width, frames=frames,
+        request, frames=frames, **_media(profile, request, image, mask_image, image_limits, sizes),
         steps=int(profile["steps"]) if request.steps is None else request.steps,
         guidance=float(profile["guidance"]) if request.guidance is None else request.guidance,
         request_id=request.request_id or uuid.uuid4().hex[:16],

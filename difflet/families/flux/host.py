@@ -12,6 +12,10 @@ Invariants:
   FluxPosEmbed is row-wise, so cat(txt_rope, img_rope) = FluxPosEmbed(cat(txt_ids, img_ids)).
 - The denoise loop's single per-step transformer call is `predict_noise`; `cached_loop` wraps
   it with the host step-cache controller (a cached step never calls the transformer).
+- Image inputs (flux-img2img.dsl, flux-inpaint.dsl): `encode_image` runs the VAE encoder
+  program and leaves packed `image_latents` (and a packed `latent_mask`); `denoise` then runs the
+  last int(steps x strength) timesteps from the noised image latents, as FluxImg2ImgPipeline /
+  FluxInpaintPipeline do, blending the kept region after each step when there is a mask.
 """
 from __future__ import annotations
 
@@ -24,9 +28,12 @@ from difflet.errors import DiffletError
 from difflet.families.flux.facts import FACTS
 from difflet.ir.nodes import Node, Op
 from difflet.runtime.host import host_step
+from difflet.runtime.host.image_inputs import (InpaintBlend, generator, preprocess_image, preprocess_mask,
+                                               sample_latents, strength_timesteps)
 from difflet.runtime.host.loop import cached_loop
 from difflet.runtime.host.toolkit import (calculate_shift, class_config_value, guidance, input_shape,
-                                          make_scheduler, pack_latents, packed_latent_geometry, unpack_latents)
+                                          make_scheduler, pack_latents, packed_latent_geometry, unpack_latents,
+                                          vae_scale)
 from difflet.runtime.host.env import HostEnv, RequestState
 
 
@@ -81,11 +88,36 @@ def prepare_latents(env: HostEnv, step: Node, state: RequestState) -> None:
 
     params = state.params
     channels, height, width = packed_latent_geometry(env.module, env.profile, params.height, params.width)
-    generator = torch.Generator("cpu").manual_seed(params.seed)
-    noise = randn_tensor((1, channels, height, width), generator=generator,
+    noise = randn_tensor((1, channels, height, width), generator=generator(state),
                          device=torch.device("cpu"), dtype=torch.float32)
     state.values["latents"] = pack_latents(noise)
     state.values["latent_grid"] = (height // 2, width // 2)  # packed tokens per side: the RoPE grid
+
+
+@host_step("flux.encode_image", phase="encode")
+def encode_image(env: HostEnv, step: Node, state: RequestState) -> None:
+    """The input image through the VAE encoder program as FluxImg2ImgPipeline._encode_vae_image
+    (a latent sample drawn with the request's generator, shifted and scaled), packed; with a mask,
+    FluxInpaintPipeline's latent mask (nearest-resized, one channel per latent channel, packed).
+    The inpainting pipeline also encodes the masked image, but only a 64-channel (Fill)
+    transformer reads it and its draw comes after the noise's, so it is not run."""
+    (vae_name,) = step.args
+    vae, params = env.component(vae_name), state.params
+    if not params.image:
+        raise DiffletError("this model's schedule encodes an input image, and the request has none",
+                           where="image")
+    channels, height, width = packed_latent_geometry(env.module, env.profile, params.height, params.width)
+    factor, latent_channels = 2 * vae_scale(env.module, env.profile), class_config_value(vae, "latent_channels")
+    dtype = state.values["encoder_hidden_states"].dtype  # the pipeline casts the image to prompt_embeds'
+    image = preprocess_image(state, factor, latent_channels).to(dtype)
+    moments = next(iter(env.invoke(vae_name, **{vae.find(Op.INPUT)[0].name: image}).values()))
+    scaling, shift = (class_config_value(vae, k) for k in ("scaling_factor", "shift_factor"))
+    latents = (sample_latents(moments, state) - shift) * scaling
+    state.values["image_latents"] = pack_latents(latents.to(dtype))
+    if params.mask_image is not None:
+        mask = preprocess_mask(state, factor, latent_channels)
+        mask = torch.nn.functional.interpolate(mask, size=(height, width)).to(dtype)
+        state.values["latent_mask"] = pack_latents(mask.repeat(1, channels, 1, 1))
 
 
 def timesteps_for(scheduler, num_steps: int, image_seq_len: int) -> torch.Tensor:
@@ -151,10 +183,17 @@ def denoise(env: HostEnv, step: Node, state: RequestState) -> None:
     scheduler = make_scheduler(step)
     latents = state.values["latents"]
     timesteps = timesteps_for(scheduler, state.params.steps, latents.shape[1])
+    blend = None
+    if "image_latents" in state.values:  # image-to-image: from the image noised to the first step run
+        timesteps, _ = strength_timesteps(scheduler, timesteps, state.params.steps, state.params.strength)
+        noise, image_latents = latents, state.values["image_latents"]
+        latents = scheduler.scale_noise(image_latents, timesteps[:1], noise)
+        if "latent_mask" in state.values:
+            blend = InpaintBlend(scheduler, timesteps, image_latents, noise, state.values["latent_mask"])
     state.values["latents"] = cached_loop(
         env, state, scheduler, timesteps, latents,
         predict=lambda x, t: predict_noise(env, transformer, state, x, t),
-        probe_inputs=lambda x, t: denoiser_inputs(state, x, t))
+        probe_inputs=lambda x, t: denoiser_inputs(state, x, t), blend=blend)
 
 
 def denoiser_rope(transformer: Node, state: RequestState) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,14 +18,16 @@ from difflet.stepcache.plan import OFF, StepHooks
 
 def cached_loop(env: HostEnv, state: RequestState, scheduler, timesteps, latents: torch.Tensor,
                 predict: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                probe_inputs: Callable[[torch.Tensor, torch.Tensor], dict] | None = None) -> torch.Tensor:
+                probe_inputs: Callable[[torch.Tensor, torch.Tensor], dict] | None = None,
+                blend: Callable[[int, torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """The sampling loop with step caching decided on the host (difflet.stepcache.controller).
 
     `predict(latents, t)` is one step's model output (all of a true-CFG step's denoiser calls and
     its combine); a full step calls it, a cached step takes the estimator's output; both go
     through the same `scheduler.step`. The probe (calibrated mode) runs on `probe_inputs(latents,
     t)` before every step's decision; a family without a probe passes None and calibrated mode is
-    refused. Hooks: stop check before each step, progress after it. Stats land in
+    refused. `blend(i, latents)` replaces the latents after step i's scheduler update (an
+    inpainting blend). Hooks: stop check before each step, progress after it. Stats land in
     `state.values["cache_stats"]`.
     """
 
@@ -40,7 +42,7 @@ def cached_loop(env: HostEnv, state: RequestState, scheduler, timesteps, latents
     ms = {"full_step_ms": 0.0, "cached_step_ms": 0.0, "probe_ms": 0.0}
     scores: list[float | None] = []
     if cache.mode.kind == "block":
-        return _block_loop(state, hooks, scheduler, timesteps, latents, predict, cache, ms)
+        return _block_loop(state, hooks, scheduler, timesteps, latents, predict, cache, ms, blend)
     for i, t in enumerate(timesteps):
         hooks.before_step()
         score = None
@@ -59,6 +61,8 @@ def cached_loop(env: HostEnv, state: RequestState, scheduler, timesteps, latents
             noise_pred = predict(latents, t)
             cache.full(noise_pred)
         latents = scheduler.step(noise_pred, t, latents, return_dict=False)[0]
+        if blend is not None:
+            latents = blend(i, latents)
         ms["cached_step_ms" if cached else "full_step_ms"] += (time.perf_counter() - start) * 1000.0
         hooks.after_step(i, total, cached)
     state.values["cache_stats"] = dict(cache.stats(), probe_calls=len(scores), scores=scores,
@@ -66,7 +70,8 @@ def cached_loop(env: HostEnv, state: RequestState, scheduler, timesteps, latents
     return latents
 
 
-def _block_loop(state: RequestState, hooks, scheduler, timesteps, latents, predict, cache, ms) -> torch.Tensor:
+def _block_loop(state: RequestState, hooks, scheduler, timesteps, latents, predict, cache, ms,
+                blend) -> torch.Tensor:
     """Block mode: every step's predict runs under the request's BlockSession, which calls the
     denoiser's front and, on full steps, its rest (difflet/stepcache/blocks.py)."""
     from difflet.stepcache.blocks import BlockSession, active
@@ -82,6 +87,8 @@ def _block_loop(state: RequestState, hooks, scheduler, timesteps, latents, predi
             raise DiffletError("block caching needs a denoiser built with `difflet opt --front-blocks K` "
                                "and called in the request's own thread (not batched)", where="cache")
         latents = scheduler.step(noise_pred, t, latents, return_dict=False)[0]
+        if blend is not None:
+            latents = blend(i, latents)
         ms["cached_step_ms" if session.cached else "full_step_ms"] += (time.perf_counter() - start) * 1000.0
         hooks.after_step(i, total, session.cached)
     state.values["cache_stats"] = dict(cache.stats(), probe_calls=0, scores=list(session.scores),

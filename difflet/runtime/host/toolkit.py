@@ -71,12 +71,16 @@ def unpack_latents(latents: torch.Tensor, height: int, width: int) -> torch.Tens
     return latents.reshape(b, channels // 4, height, width)
 
 
+def vae_scale(module, profile) -> int:
+    """The VAE's spatial compression: profile height / the decoder input's latent height (axis -2)."""
+    return int(profile["height"]) // io_shape(module.components("decoder")[0], Op.INPUT)[-2]
+
+
 def packed_latent_geometry(module, profile, height: int, width: int) -> tuple[int, int, int]:
     """(latent channels, latent height, latent width) of a 2x2-packed image denoiser, as the
     pipelines' prepare_latents compute them: channels = hidden_states width / 4, the VAE scale
     factor = profile height / the VAE input's latent height (axis -2, so a frame axis is fine)."""
-    vae = module.components("decoder")[0]
-    vae_scale_factor = int(profile["height"]) // io_shape(vae, Op.INPUT)[-2]
+    vae_scale_factor = vae_scale(module, profile)
     channels = input_shape(module.components("denoiser")[0], "hidden_states")[-1] // 4
     return (channels, 2 * (int(height) // (vae_scale_factor * 2)),
             2 * (int(width) // (vae_scale_factor * 2)))

@@ -29,16 +29,22 @@ HTTP_NAME = names("http")  # request field -> its body field ("size" carries hei
 VIDEO_ONLY = ("frames",)
 COMMON = ("model", *dict.fromkeys(n for f, n in HTTP_NAME.items() if f not in VIDEO_ONLY))
 IMAGE_FIELDS = COMMON + ("n", "response_format", "output_format", "stream") + IGNORED
+# POST /v1/images/edits: the generation fields and the files the openai package sends
+# (`image`, or `image[]` for several; `mask`); the mask's request field is `mask_image`
+EDIT_FILES = ("image", "image[]", "mask")
+EDIT_FIELDS = IMAGE_FIELDS + EDIT_FILES + ("input_fidelity",)
+EDIT_SPELLED = {"mask_image": "mask"}
 VIDEO_FIELDS = COMMON + tuple(HTTP_NAME[f] for f in VIDEO_ONLY) + ("seconds", "fps") + IGNORED
 
 FORM_INTS = ("n", *(HTTP_NAME[f.name] for f in FIELDS if f.kind is int and HTTP_NAME.get(f.name, "size") != "size"))
 FORM_NUMBERS = ("fps", "timeout", *(HTTP_NAME[f.name] for f in FIELDS if f.kind is float and f.name in HTTP_NAME))
 
 
-def decode_body(content_type: str, raw: bytes) -> Any:
-    """A request body -> its JSON value (a multipart form as the dict of its fields)."""
+def decode_body(content_type: str, raw: bytes, files: tuple[str, ...] = ()) -> Any:
+    """A request body -> its JSON value (a multipart form as the dict of its fields; the file
+    parts named in `files` as lists of their bytes)."""
     if content_type.startswith("multipart/form-data"):  # what the openai package sends to POST /videos
-        return form_fields(content_type, raw)
+        return form_fields(content_type, raw, files)
     try:
         return json.loads(raw or b"null")
     except ValueError as err:
@@ -78,9 +84,10 @@ class _Parts:
         self._field = self._value = b""
 
 
-def form_fields(content_type: str, raw: bytes) -> dict[str, Any]:
+def form_fields(content_type: str, raw: bytes, files: tuple[str, ...] = ()) -> dict[str, Any]:
     """A multipart/form-data body (python-multipart) -> the JSON-shaped dict (numbers parsed by
-    field name). A file part (OpenAI's `input_reference`) is refused: image-to-video is not served."""
+    field name); a part named in `files` (a file or not) -> the list of its parts' bytes; any
+    other file part is refused (OpenAI's `input_reference`: image-to-video is not served)."""
     from python_multipart.exceptions import FormParserError
     from python_multipart.multipart import MultipartParser, parse_options_header
 
@@ -101,8 +108,11 @@ def form_fields(content_type: str, raw: bytes) -> dict[str, Any]:
         name = params.get(b"name", b"").decode("utf-8", "replace")
         if not name:
             continue
+        if name in files:
+            out.setdefault(name, []).append(part[b""])
+            continue
         if b"filename" in params:
-            raise bad_field(name, "file inputs are not served (text-to-image/video only)")
+            raise bad_field(name, "file inputs are not served here (images: POST /v1/images/edits)")
         if part.get(b"content-type", b"").lower().startswith(b"multipart/"):  # parts, not a value
             raise bad_field(name, "a nested multipart part is not a field value")
         text = part[b""].decode("utf-8", "replace")
@@ -186,6 +196,25 @@ def image_request(body: Any, info) -> tuple[dict[str, Any], dict[str, Any]]:
     stream = _type(body, "stream", (bool,), "true or false") or False
     return fields, {"n": n or 1, "response_format": response_format, "output_format": output_format,
                     "stream": stream}
+
+
+def edit_request(body: Any, info) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`image_request` of a POST /v1/images/edits form: its `image` / `image[]` files (in order)
+    and `mask` become the request's `image` and `mask_image` (decoded by admission)."""
+    if not isinstance(body, dict) or not any(isinstance(body.get(n), list) for n in EDIT_FILES):
+        if isinstance(body, dict) and any(n in body for n in EDIT_FILES):
+            raise bad_field("image", "send the images as multipart/form-data file parts, as the openai package does")
+        raise ApiError(400, "image: POST /v1/images/edits takes a multipart/form-data body with an "
+                            "`image` (or `image[]`) file", param="image", code="invalid_body")
+    images = body.pop("image", []) + body.pop("image[]", [])
+    masks = body.pop("mask", None)
+    body.pop("input_fidelity", None)  # OpenAI's gpt-image option: the reference pipelines have none
+    if masks is not None and len(masks) != 1:
+        raise bad_field("mask", f"{len(masks)} masks given; send one")
+    fields, opts = image_request(body, info)
+    fields["image"] = images or None
+    fields["mask_image"] = masks[0] if masks else None
+    return fields, opts
 
 
 def video_request(body: Any, info, fps: float) -> tuple[dict[str, Any], dict[str, str]]:

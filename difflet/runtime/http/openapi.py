@@ -19,8 +19,8 @@ _JSON = {int: "integer", float: "number", str: "string"}
 def _field_schema(field) -> dict[str, Any]:
     schema: dict[str, Any] = {"type": _JSON[field.kind], "description": field.doc}
     lim = field.limits
-    for ours, theirs in (("minimum", "ge"), ("maximum", "le"), ("maxLength", "max_length"),
-                         ("pattern", "pattern")):
+    for ours, theirs in (("minimum", "ge"), ("exclusiveMinimum", "gt"), ("maximum", "le"),
+                         ("maxLength", "max_length"), ("pattern", "pattern")):
         value = getattr(lim, theirs, None)
         if value is not None:
             schema[ours] = value
@@ -44,7 +44,14 @@ def _http_fields(api, kind: str) -> dict[str, Any]:
     props["seed"]["description"] = "absent: a fresh random seed (reported back)"
     for name in F.IGNORED:
         props[name] = {"description": "accepted for OpenAI compatibility; no effect"}
-    if kind == "image":
+    if kind == "edit":
+        binary = {"type": "string", "format": "binary"}
+        props.update({"image": {"anyOf": [binary, {"type": "array", "items": binary}],
+                                "description": "the input image file(s): PNG, JPEG or WebP"},
+                      "image[]": {"type": "array", "items": binary, "description": "several input images"},
+                      "mask": {**binary, "description": "inpainting: white = repaint, black = keep"},
+                      "input_fidelity": {"description": "accepted for OpenAI compatibility; no effect"}})
+    if kind in ("image", "edit"):
         props.update(n={"type": "integer", "minimum": 1, "maximum": F.MAX_N},
                      response_format={"type": "string", "enum": ["b64_json", "url"]},
                      output_format={"type": "string", "enum": list(F.IMAGE_FORMATS)},
@@ -53,16 +60,16 @@ def _http_fields(api, kind: str) -> dict[str, Any]:
         props.update(seconds={"anyOf": [{"type": "string"}, {"type": "number"}],
                               "description": "the video length (a frame count at the model's fps)"},
                      fps={"type": "number", "enum": [api.fps]})
-    allowed = (*(F.IMAGE_FIELDS if kind == "image" else F.VIDEO_FIELDS), "timeout")
+    allowed = (*{"image": F.IMAGE_FIELDS, "edit": F.EDIT_FIELDS}.get(kind, F.VIDEO_FIELDS), "timeout")
     assert set(props) == set(allowed), set(props) ^ set(allowed)  # the spec is what fields.py reads
     return props
 
 
 def body(api, kind: str) -> dict[str, Any]:
-    """`openapi_extra` of a route taking a `kind` ("image" or "video") request body."""
+    """`openapi_extra` of a route taking a `kind` ("image", "edit" or "video") request body."""
     schema = {"type": "object", "required": ["prompt"], "additionalProperties": False,
               "properties": _http_fields(api, kind)}
-    content = {"application/json": {"schema": schema}}
-    if kind == "video":  # what the openai package sends to POST /videos
+    content = {} if kind == "edit" else {"application/json": {"schema": schema}}
+    if kind in ("video", "edit"):  # what the openai package sends to POST /videos
         content["multipart/form-data"] = {"schema": schema}
     return {"requestBody": {"required": True, "content": content}}

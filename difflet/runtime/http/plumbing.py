@@ -104,18 +104,19 @@ def endpoint(fn):
     return run
 
 
-async def read_body(request: Request):
-    """The request body as its JSON value (a multipart form as the dict of its fields)."""
+async def read_body(request: Request, limit: int = MAX_BODY, files: tuple[str, ...] = ()):
+    """The request body as its JSON value (a multipart form as the dict of its fields; `files`:
+    the file parts taken, as lists of bytes), at most `limit` bytes."""
     length = request.headers.get("content-length")
     if length is None or not length.isdigit():
         raise ApiError(411, "a Content-Length header is required", code="length_required")
-    if int(length) > MAX_BODY:
-        raise ApiError(413, f"the body is {length} bytes, at most {MAX_BODY}", code="too_large")
+    if int(length) > limit:
+        raise ApiError(413, f"the body is {length} bytes, at most {limit}", code="too_large")
     try:
         raw = await asyncio.wait_for(request.body(), BODY_TIMEOUT_S)
     except asyncio.TimeoutError:
         raise ApiError(408, f"the body did not arrive within {BODY_TIMEOUT_S:g} s", code="timeout") from None
-    return F.decode_body(request.headers.get("content-type", ""), raw)
+    return F.decode_body(request.headers.get("content-type", ""), raw, files)
 
 
 async def in_thread(fn, *args):

@@ -74,6 +74,12 @@ def build_app(api) -> FastAPI:
     async def images(request: Request):
         return await Images(api, request).run()
 
+    @app.post("/v1/images/edits", summary="Edit images: image-to-image, inpainting (OpenAI images.edit)",
+              openapi_extra=openapi.body(api, "edit"))
+    @endpoint
+    async def edits(request: Request):
+        return await Images(api, request, edit=True).run()
+
     @get(app, "/v1/images/{name}", summary="An image of a url reply")
     @endpoint
     async def image_content(request: Request, name: str):
@@ -88,19 +94,22 @@ def build_app(api) -> FastAPI:
 
 
 class Images:
-    """One POST /v1/images/generations."""
+    """One POST /v1/images/generations, or /v1/images/edits (`edit`: a form with image files)."""
 
-    def __init__(self, api, request: Request) -> None:
-        self.api, self.request, self.cuts = api, request, {}
+    def __init__(self, api, request: Request, edit: bool = False) -> None:
+        self.api, self.request, self.cuts, self.edit = api, request, {}, edit
 
     async def run(self):
         api = self.api
         if api.frames:
             raise ApiError(400, f"model: {api.model_id!r} is a video model; use POST /v1/videos",
                            param="model", code="wrong_route")
-        body = await read_body(self.request)
+        if self.edit:  # images in the body: the bound is the admission's, sized for its images
+            body = await read_body(self.request, api.admission.max_message, F.EDIT_FILES)
+        else:
+            body = await read_body(self.request)
         timeout = parse(api, F.timeout, body)
-        fields, opts = parse(api, F.image_request, body, api.info)
+        fields, opts = parse(api, F.edit_request if self.edit else F.image_request, body, api.info)
         if opts["stream"]:
             if opts["n"] != 1:
                 raise bad_field("n", "stream: true serves one image per request")
@@ -124,7 +133,8 @@ class Images:
         return JSONResponse({"created": int(time.time()), "data": data})
 
     async def _submit(self, fields, timeout):
-        job, cuts = await submit(self.api, self.request, fields, self.api.new_id("img"), timeout)
+        job, cuts = await submit(self.api, self.request, fields, self.api.new_id("img"), timeout,
+                                 F.EDIT_SPELLED if self.edit else None)
         self.cuts[job.request_id] = cuts
         return job
 

@@ -1,0 +1,91 @@
+"""What image-input host steps share (image-to-image, inpainting): the request's generator, the
+reference pipelines' image and mask preprocessing, the VAE latent sample, the strength schedule
+and the inpainting blend. Names no family.
+
+Invariants:
+- The input image arrives as `Pixels` already at the request's size (runtime/images.py), so the
+  pipeline's own VaeImageProcessor.preprocess does a same-size resize (a copy) and the tensors
+  equal the reference pipeline's for the original file.
+- One CPU generator per request (`generator`), drawn from in the reference's order: the VAE
+  latent sample (encode step) before the initial noise (prepare-latents step).
+- The strength never reaches a program: it picks the first timestep and the number of steps
+  run on the host (`strength_timesteps`), so no strength, mask or image recompiles anything.
+"""
+from __future__ import annotations
+
+import torch
+
+from difflet.runtime.host.env import RequestState
+from difflet.runtime.images import to_pil
+
+
+def generator(state: RequestState) -> torch.Generator:
+    """The request's CPU generator, seeded with its seed on first use (the reference's one
+    `torch.Generator("cpu").manual_seed(seed)`)."""
+    gen = state.values.get("generator")
+    if gen is None:
+        gen = state.values["generator"] = torch.Generator("cpu").manual_seed(state.params.seed)
+    return gen
+
+
+def preprocess_image(state: RequestState, vae_scale_factor: int, latent_channels: int) -> torch.Tensor:
+    """The request's first input image as the pipeline's image_processor.preprocess makes it:
+    float32 [1, 3, H, W] in [-1, 1]."""
+    from diffusers.image_processor import VaeImageProcessor
+
+    params = state.params
+    processor = VaeImageProcessor(vae_scale_factor=vae_scale_factor, vae_latent_channels=latent_channels)
+    image = processor.preprocess(to_pil(params.image[0]), height=params.height, width=params.width)
+    return image.to(dtype=torch.float32)
+
+
+def preprocess_mask(state: RequestState, vae_scale_factor: int, latent_channels: int) -> torch.Tensor:
+    """The request's mask as the inpainting pipelines' mask_processor makes it: float32
+    [1, 1, H, W], binarized (1 = repaint)."""
+    from diffusers.image_processor import VaeImageProcessor
+
+    params = state.params
+    processor = VaeImageProcessor(vae_scale_factor=vae_scale_factor, vae_latent_channels=latent_channels,
+                                  do_normalize=False, do_binarize=True, do_convert_grayscale=True)
+    return processor.preprocess(to_pil(params.mask_image), height=params.height, width=params.width)
+
+
+def sample_latents(moments: torch.Tensor, state: RequestState, mode: str = "sample") -> torch.Tensor:
+    """A VAE encoder program's mean | logvar as diffusers' retrieve_latents reads them: a sample
+    drawn with the request's generator ("sample") or the mean ("argmax")."""
+    from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
+
+    dist = DiagonalGaussianDistribution(moments)
+    return dist.sample(generator(state)) if mode == "sample" else dist.mode()
+
+
+def strength_timesteps(scheduler, timesteps: torch.Tensor, num_steps: int, strength: float):
+    """(the timesteps run, their first index) as the image-to-image pipelines' get_timesteps:
+    the last min(num_steps x strength, num_steps) steps, the scheduler's begin index set."""
+    init_timestep = min(num_steps * strength, num_steps)
+    t_start = int(max(num_steps - init_timestep, 0))
+    timesteps = timesteps[t_start * scheduler.order:]
+    if hasattr(scheduler, "set_begin_index"):
+        scheduler.set_begin_index(t_start * scheduler.order)
+    return timesteps, t_start
+
+
+def steps_run(num_steps: int, strength: float) -> int:
+    """How many denoising steps an image-to-image request makes (0: the reference refuses it)."""
+    return num_steps - int(max(num_steps - min(num_steps * strength, num_steps), 0))
+
+
+class InpaintBlend:
+    """The inpainting pipelines' per-step blend: after step i, the kept region (mask 0) is the
+    image latents noised to the next timestep (unnoised after the last), the rest the sample."""
+
+    def __init__(self, scheduler, timesteps: torch.Tensor, image_latents: torch.Tensor,
+                 noise: torch.Tensor, mask: torch.Tensor) -> None:
+        self.scheduler, self.timesteps = scheduler, timesteps
+        self.image_latents, self.noise, self.mask = image_latents, noise, mask
+
+    def __call__(self, i: int, latents: torch.Tensor) -> torch.Tensor:
+        proper = self.image_latents
+        if i < len(self.timesteps) - 1:
+            proper = self.scheduler.scale_noise(proper, torch.tensor([self.timesteps[i + 1]]), self.noise)
+        return (1 - self.mask) * proper + self.mask * latents
