@@ -100,3 +100,19 @@ def tp1_demo(tmp_path_factory, difflet_test_store):
     from e2e_util import tp1_demo_runner
 
     return tp1_demo_runner(tmp_path_factory, difflet_test_store)
+
+
+@pytest.fixture(scope="module")
+def page():
+    """A page of Debian's headless Chromium (/usr/bin/chromium, driven by playwright; no download)."""
+    chromium = Path("/usr/bin/chromium")
+    assert chromium.exists(), "install Debian's chromium (apt-get install chromium); .ci/run does"
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(chromium), headless=True,
+                                    args=["--no-sandbox"])  # CI runs as root
+        try:
+            yield browser.new_page()
+        finally:
+            browser.close()

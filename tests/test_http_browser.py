@@ -8,7 +8,6 @@ every step's progress; a bad field shows the server's error text.
 from __future__ import annotations
 
 import base64
-from pathlib import Path
 
 import pytest
 
@@ -16,7 +15,6 @@ from difflet.runtime import client as grpc_client
 from difflet.runtime.demo import stop_server
 from http_util import start_http_server
 
-CHROMIUM = Path("/usr/bin/chromium")
 WAIT_MS = 300_000  # generous: a loaded 2-core machine
 
 
@@ -25,20 +23,6 @@ def server(flux_tiny_art):
     proc, grpc_address, http_address = start_http_server(flux_tiny_art)
     yield grpc_address, http_address
     assert stop_server(proc) == 0
-
-
-@pytest.fixture(scope="module")
-def page():
-    assert CHROMIUM.exists(), "install Debian's chromium (apt-get install chromium); .ci/run does"
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True,
-                                    args=["--no-sandbox"])  # CI runs as root
-        try:
-            yield browser.new_page()
-        finally:
-            browser.close()
 
 
 def test_playground_generates_with_live_progress_and_shows_errors(server, page, tmp_path):

@@ -58,17 +58,21 @@ def arts(tmp_path_factory):
     return out
 
 
-def reference(mode: str, ckpt, strength: float, image: bytes = INPUT, mask: bytes = MASK) -> np.ndarray:
-    """The diffusers pipeline's uint8 image, called as its docs call it (load_image inputs)."""
+def reference(mode: str, ckpt, strength: float, image: bytes = INPUT, mask: bytes = MASK,
+              calls: list | None = None, steps: int = STEPS) -> np.ndarray:
+    """The diffusers pipeline's uint8 image, called as its docs call it (load_image inputs);
+    `calls` gets one entry per transformer call."""
     import diffusers
     from diffusers.utils import load_image
 
     cls = diffusers.FluxInpaintPipeline if mode == "inpaint" else diffusers.FluxImg2ImgPipeline
     pipe = cls.from_pretrained(str(ckpt))
     pipe.set_progress_bar_config(disable=True)
+    if calls is not None:
+        pipe.transformer.register_forward_hook(lambda *_: calls.append(1))
     extra = {"mask_image": load_image(Image.open(io.BytesIO(mask)))} if mode == "inpaint" else {}
     out = pipe(prompt=PROMPT, image=load_image(Image.open(io.BytesIO(image))), strength=strength,
-               num_inference_steps=STEPS, guidance_scale=3.5, height=32, width=32, max_sequence_length=32,
+               num_inference_steps=steps, guidance_scale=3.5, height=32, width=32, max_sequence_length=32,
                generator=torch.Generator("cpu").manual_seed(SEED), output_type="np", **extra).images[0]
     return (out * 255).round().astype("uint8")
 
@@ -94,14 +98,16 @@ def test_python_api_equals_the_reference_pipeline_at_two_strengths_with_referenc
     counts = {name: Counted(env.programs[name]) for name in ("transformer", "vae_encoder")}
     env.programs.update(counts)
     mask = {"mask_image": Image.open(io.BytesIO(MASK))} if mode == "inpaint" else {}
-    for strength in (0.6, 1.0):
+    for strength, steps in ((0.6, STEPS), (1.0, STEPS), (0.6, 7)):  # 7 x 0.6 = 4.2: the pipeline runs 5
         before = {n: c.calls for n, c in counts.items()}
-        out = pipe(PROMPT, image=Image.open(io.BytesIO(INPUT)), strength=strength, num_inference_steps=STEPS,
+        out = pipe(PROMPT, image=Image.open(io.BytesIO(INPUT)), strength=strength, num_inference_steps=steps,
                    seed=SEED, output_type="np", **mask)
         got = (out.images[0] * 255).round().astype("uint8")
-        assert_images_close(got, reference(mode, ckpt, strength), f"{mode} strength {strength}")
-        # FluxImg2ImgPipeline.get_timesteps: int(steps x strength) steps, one VAE encode
-        assert counts["transformer"].calls - before["transformer"] == int(STEPS * strength)
+        calls: list = []
+        assert_images_close(got, reference(mode, ckpt, strength, calls=calls, steps=steps),
+                            f"{mode} strength {strength}")
+        # the pipeline's get_timesteps: the last steps - int(steps - steps x strength); one VAE encode
+        assert counts["transformer"].calls - before["transformer"] == len(calls) == steps - int(steps - steps * strength)
         assert counts["vae_encoder"].calls - before["vae_encoder"] == 1
     pipe.close()
 
@@ -137,7 +143,7 @@ def test_openai_images_edit_equals_the_grpc_reply_and_the_reference(server, arts
     grpc_reply = grpc_client.generate(grpc_address, PROMPT, SEED, steps=STEPS, strength=0.6, image=INPUT,
                                       mask_image=MASK, timeout=300)
     assert edited == grpc_reply.png
-    assert grpc_reply.denoiser_calls == int(STEPS * 0.6)
+    assert grpc_reply.denoiser_calls == STEPS - int(STEPS - STEPS * 0.6)
     got = np.asarray(Image.open(io.BytesIO(edited)).convert("RGB"))
     assert_images_close(got, reference("inpaint", arts["inpaint"][1], 0.6))
 
@@ -231,3 +237,33 @@ def test_the_edits_route_refuses_a_json_body_and_generations_refuse_no_image(ser
     assert status == 400 and body["error"]["param"] == "image"
     status, body = call_json(http_address, "POST", "/v1/images/generations", {"prompt": PROMPT})
     assert status == 400 and body["error"]["param"] == "image" and "needs an input image" in body["error"]["message"]
+
+
+def test_playground_edits_an_uploaded_image_with_a_drawn_mask_as_the_grpc_reply(server, page, tmp_path):
+    """The page shows what gRPC returns for the same image, the mask the page drew, and the fields typed."""
+    grpc_address, http_address = server
+    page.set_default_timeout(300_000)
+    page.goto(f"http://{http_address}/")
+    page.wait_for_function("document.getElementById('size').options.length > 0")
+    assert page.is_visible("#image") and page.is_visible("#mask-tools") and page.input_value("#strength") == "0.6"
+    page.set_input_files("#image", files=[{"name": "fox.png", "mimeType": "image/png", "buffer": INPUT}])
+    page.wait_for_function("document.getElementById('mask').width === 40")
+    box = page.locator("#mask").bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.3, box["y"] + box["height"] * 0.3)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 0.6, box["y"] + box["height"] * 0.7, steps=8)
+    page.mouse.up()
+    drawn = base64.b64decode(page.evaluate("document.getElementById('mask').toDataURL('image/png')").split(",", 1)[1])
+    mask = np.asarray(Image.open(io.BytesIO(drawn)).convert("L"))
+    assert mask.shape == (48, 40) and 0 < (mask > 127).mean() < 0.6  # a stroke, not all or nothing
+    page.fill("#prompt", PROMPT)
+    page.fill("#steps", str(STEPS))
+    page.fill("#seed", str(SEED))
+    page.fill("#strength", "0.8")
+    page.click("#generate")
+    page.wait_for_function("document.querySelector('#result') && document.querySelector('#result').complete"
+                           " && document.querySelector('#result').naturalWidth > 0")
+    shown = base64.b64decode(page.get_attribute("#result", "src").split(",", 1)[1])
+    assert shown == grpc_client.generate(grpc_address, PROMPT, SEED, steps=STEPS, strength=0.8, image=INPUT,
+                                         mask_image=drawn, timeout=300).png
+    page.screenshot(path=str(tmp_path / "playground-edit.png"), full_page=True)

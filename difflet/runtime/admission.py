@@ -49,7 +49,8 @@ class Admission:
 
     def __init__(self, info: ArtifactInfo, prompt_policy: str = "truncate",
                  adapters: dict[str, float] | None = None, calibrations: dict[str, str] | None = None,
-                 image_limits: ImageLimits | None = None) -> None:
+                 image_bounds: tuple[int, int] = (0, 0)) -> None:
+        """`image_bounds`: (bytes, pixels) of one input image; 0 = ImageLimits.for_sizes's."""
         if prompt_policy not in PROMPT_POLICIES:
             raise DiffletError(f"prompt policy {prompt_policy!r} is not one of {PROMPT_POLICIES}",
                                where="--prompt-policy")
@@ -57,9 +58,9 @@ class Admission:
         self.adapters = dict(adapters or {})  # the loaded LoRA adapters' names -> load scales
         self.calibrations = dict(calibrations or {})  # --calibration names -> files; never a request's path
         self.sizes = info.manifest.sizes
-        self.image_limits = image_limits or ImageLimits.for_sizes(
+        self.image_limits = ImageLimits.for_sizes(
             [int(w) * int(h) for w, h in (s.split("x")[:2] for s in self.sizes)]
-            + [int(self.profile["height"]) * int(self.profile["width"])])
+            + [int(self.profile["height"]) * int(self.profile["width"])], *image_bounds)
         images, mask, _ = profile_images(self.profile)
         # the largest request message a front must take: its images at the bound, prompts, the rest
         self.max_message = max(GRPC_DEFAULT_MESSAGE, self.image_limits.max_bytes * (images + mask)

@@ -40,9 +40,10 @@ class DiffletServer:
                  threads: int = 0, prompt_policy: str = "truncate", api_keys: tuple[str, ...] = (),
                  tls: tuple[str, str] | None = None, max_batch: int | None = None,
                  lossless_video: bool = False, loras: tuple[tuple[str, str, float], ...] = (),
-                 calibrations: dict[str, str] | None = None) -> None:
+                 calibrations: dict[str, str] | None = None, image_bounds: tuple[int, int] = (0, 0)) -> None:
         """`loras`: (name, path, scale) of the LoRA adapters each model process loads;
-        `calibrations`: the calibration files requests may name (NAME -> file)."""
+        `calibrations`: the calibration files requests may name (NAME -> file); `image_bounds`:
+        (bytes, pixels) of one input image, 0 = the default sized for the served sizes."""
         from difflet.runtime.admission import Admission
         from difflet.runtime.dispatcher import Dispatcher
         from difflet.runtime.metrics import Metrics
@@ -59,7 +60,7 @@ class DiffletServer:
         procs.prestart(model_process.preload_modules(str(self.info.module.attrs.get("family", ""))))
         self.admission = Admission(self.info, prompt_policy=prompt_policy,
                                    adapters={name: scale for name, _, scale in loras},
-                                   calibrations=calibrations)
+                                   calibrations=calibrations, image_bounds=image_bounds)
         self.metrics = Metrics()
         self.health = health.HealthServicer()
         # a dp-planned artifact (dp2xtp2) is served as dp replicas unless --replicas says otherwise

@@ -16,6 +16,8 @@ Invariants:
 from __future__ import annotations
 
 import io
+import struct
+import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -34,11 +36,12 @@ class ImageLimits:
     max_pixels: int
 
     @classmethod
-    def for_sizes(cls, areas: Sequence[int]) -> "ImageLimits":
-        """Defaults sized for the served sizes: 16x the largest area (4x per side), at least 4 MP;
-        bytes: 4 per allowed pixel (more than an RGBA PNG of it needs) + 1 MiB."""
-        pixels = max(16 * max(areas, default=0), MIN_PIXELS_BOUND)
-        return cls(max_bytes=4 * pixels + (1 << 20), max_pixels=pixels)
+    def for_sizes(cls, areas: Sequence[int], max_bytes: int = 0, max_pixels: int = 0) -> "ImageLimits":
+        """The given bounds, each 0 taking its default sized for the served sizes: pixels 16x the
+        largest area (4x per side), at least 4 MP; bytes 4 per allowed pixel (more than an RGBA
+        PNG of it needs) + 1 MiB."""
+        pixels = max_pixels or max(16 * max(areas, default=0), MIN_PIXELS_BOUND)
+        return cls(max_bytes=max_bytes or 4 * pixels + (1 << 20), max_pixels=pixels)
 
 
 def _fail(field: str, message: str) -> DiffletError:
@@ -61,14 +64,20 @@ def load(value: Any, field: str, limits: ImageLimits):
         if len(data) > limits.max_bytes:
             raise _fail(field, f"{len(data)} bytes is over the bound of {limits.max_bytes} bytes")
         try:
-            image = Image.open(io.BytesIO(data), formats=FORMATS)
+            with warnings.catch_warnings():  # our own bound below is the one that refuses
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                image = Image.open(io.BytesIO(data), formats=FORMATS)
         except UnidentifiedImageError:
             raise _fail(field, _what(data)) from None
+        except Image.DecompressionBombError:  # a header claiming over 2 x PIL's own bound
+            raise _fail(field, f"is over the bound of {limits.max_pixels} pixels") from None
+        except (OSError, SyntaxError, ValueError, struct.error, EOFError):  # a damaged header
+            raise _fail(field, "the image data is damaged (its header cannot be read)") from None
         if image.width * image.height > limits.max_pixels:  # read from the header; nothing decoded yet
             raise _fail(field, f"{image.width}x{image.height} is over the bound of {limits.max_pixels} pixels")
         try:
             image.load()
-        except (OSError, SyntaxError, ValueError) as err:  # truncated or corrupt data
+        except (OSError, SyntaxError, ValueError, struct.error, EOFError) as err:  # truncated or corrupt data
             raise _fail(field, f"the {image.format} data is damaged ({type(err).__name__})") from None
     if image.width < 1 or image.height < 1:
         raise _fail(field, "is empty (0 pixels)")
@@ -80,8 +89,11 @@ def _what(data: bytes) -> str:
     from PIL import Image, UnidentifiedImageError
 
     try:
-        fmt = Image.open(io.BytesIO(data)).format
-    except (UnidentifiedImageError, OSError, ValueError):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fmt = Image.open(io.BytesIO(data)).format
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, struct.error, EOFError,
+            Image.DecompressionBombError):
         return "is not an image (PNG, JPEG or WebP)"
     return f"{fmt} is not a supported format (PNG, JPEG or WebP)"
 

@@ -152,6 +152,12 @@ def _adapters(specs: tuple[str, ...]) -> tuple[tuple[str, str, float], ...]:
               type=click.Choice(["truncate", "strict"]),
               help="over-long prompts: truncate per encoder as the reference pipeline does "
                    "(reported in the reply), or refuse them (INVALID_ARGUMENT)")
+@click.option("--max-image-mb", default=0.0, show_default=True, type=click.FloatRange(0, 4096),
+              help="image-input models: the most bytes of one input image file, in MiB "
+                   "(0: 4 bytes per --max-image-pixels + 1 MiB)")
+@click.option("--max-image-pixels", default=0, show_default=True, type=click.IntRange(0, 2**31 - 1),
+              help="image-input models: the most pixels (width x height) of one input image, read from "
+                   "its header before decoding (0: 16 x the largest served size, at least 4 MP)")
 # ---- HTTP API, API key, TLS (issue 14)
 @click.option("--http-port", default=None, type=click.IntRange(0, 65535),
               help="serve the OpenAI-compatible HTTP API and playground on this port (0 picks one)")
@@ -176,7 +182,8 @@ def main(art: str, port: int, host: str, queue_size: int, request_timeout: float
          expect: tuple[str, ...], no_verify: bool, http_port: int | None, api_keys: tuple[str, ...],
          tls_cert: str | None, tls_key: str | None, http_content_retention: float,
          http_content_mb: int, prompt_policy: str, max_batch: int, loras: tuple[str, ...],
-         lossless_video: bool, calibrations: tuple[str, ...], state_dir: str | None) -> None:
+         lossless_video: bool, calibrations: tuple[str, ...], state_dir: str | None,
+         max_image_mb: float, max_image_pixels: int) -> None:
     """Serve one compiled profile over gRPC (difflet.v1.Difflet + grpc.health.v1 + reflection)."""
     stop = threading.Event()
     serving = threading.Event()
@@ -205,7 +212,8 @@ def main(art: str, port: int, host: str, queue_size: int, request_timeout: float
                                threads=threads, prompt_policy=prompt_policy, api_keys=api_keys,
                                tls=(tls_cert, tls_key) if tls_cert else None, max_batch=max_batch or None,
                                lossless_video=lossless_video, loras=adapters,
-                               calibrations=_calibrations(calibrations))
+                               calibrations=_calibrations(calibrations),
+                               image_bounds=(int(max_image_mb * (1 << 20)), max_image_pixels))
         bound = server.start()
         click.echo(f"starting on {host}:{bound}")
         if metrics_port is not None:

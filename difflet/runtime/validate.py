@@ -141,6 +141,12 @@ def check_lora(lora: str, adapters: Mapping[str, float], field: str = "lora") ->
     return f"{name}:{value!r}"
 
 
+def steps_run(num_steps: int, strength: float) -> int:
+    """The denoising steps an image-to-image request runs: the pipelines' get_timesteps keeps the
+    last min(num_steps x strength, num_steps) of them, truncated."""
+    return num_steps - int(max(num_steps - min(num_steps * strength, num_steps), 0))
+
+
 def profile_images(profile: Mapping[str, Any]) -> tuple[int, bool, float | None]:
     """(most input images, mask required, default strength) of a serving profile; (0, False, None)
     for a text-only one."""
@@ -212,8 +218,13 @@ def resolve_request(profile: Mapping[str, Any], sizes: Sequence[str] = (), adapt
         height, width = _size("height", request.height, profile), _size("width", request.width, profile)
         frames = _frames(request.frames, profile)
     request = msgspec.structs.replace(request, height=height, width=width)
+    media = _media(profile, request, image, mask_image, image_limits, sizes)
+    steps = int(profile["steps"]) if request.steps is None else request.steps
+    if "strength" in media and steps_run(steps, media["strength"]) < 1:
+        raise _fail("strength", f"{media['strength']:g} of {steps} steps leaves no step to run (as in the "
+                                f"reference pipeline); give at least 1/{steps}")
     return msgspec.structs.replace(
-        request, frames=frames, **_media(profile, request, image, mask_image, image_limits, sizes),
+        request, frames=frames, **media,
         steps=int(profile["steps"]) if request.steps is None else request.steps,
         guidance=float(profile["guidance"]) if request.guidance is None else request.guidance,
         request_id=request.request_id or uuid.uuid4().hex[:16],

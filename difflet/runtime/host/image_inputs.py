@@ -70,11 +70,6 @@ def strength_timesteps(scheduler, timesteps: torch.Tensor, num_steps: int, stren
     return timesteps, t_start
 
 
-def steps_run(num_steps: int, strength: float) -> int:
-    """How many denoising steps an image-to-image request makes (0: the reference refuses it)."""
-    return num_steps - int(max(num_steps - min(num_steps * strength, num_steps), 0))
-
-
 class InpaintBlend:
     """The inpainting pipelines' per-step blend: after step i, the kept region (mask 0) is the
     image latents noised to the next timestep (unnoised after the last), the rest the sample."""

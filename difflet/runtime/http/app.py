@@ -15,6 +15,7 @@ import secrets
 from difflet.families import facts_of, guidance_mode
 from difflet.runtime.http.content import ContentStore
 from difflet.runtime.http.videos import VideoJobs
+from difflet.runtime.validate import profile_images
 
 
 class HttpApi:
@@ -65,7 +66,12 @@ class HttpApi:
                 "kind": "video" if self.frames else "image", "frames": self.frames, "fps": self.fps,
                 "default_steps": int(p["steps"]), "default_guidance": float(p["guidance"]),
                 "guidance_kind": self.guidance_kind,
-                "prompt_tokens": self.admission.token_limit}
+                "prompt_tokens": self.admission.token_limit, "inputs": self.inputs()}
+
+    def inputs(self) -> dict:
+        """The profile's image inputs: how many images (0: text only), a mask, the default strength."""
+        images, mask, strength = profile_images(self.info.profile)
+        return {"images": images, "mask": mask, "default_strength": strength}
 
     @staticmethod
     def encode_image(png: bytes, fmt: str) -> tuple[bytes, str]:

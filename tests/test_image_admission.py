@@ -1,0 +1,130 @@
+"""Input images at admission (runtime/images.py, validate.resolve_request): torch-free and fast.
+
+Oracles: PIL's own reading of the same file as diffusers' `load_image` and VaeImageProcessor's
+resize do it (the reference pipelines' path), the profile's declared image inputs, and for the
+fuzzer the contract that any bytes either decode or raise a DiffletError naming the field.
+"""
+from __future__ import annotations
+
+import io
+import struct
+import zlib
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from PIL import Image, ImageOps
+
+from difflet.errors import DiffletError
+from difflet.runtime.images import ImageLimits, fit, load, to_pil, warm_up_inputs
+from difflet.runtime.validate import resolve_request
+
+TEXT_ONLY = {"height": 32, "width": 32, "steps": 4, "guidance": 3.5}
+IMG2IMG = {**TEXT_ONLY, "images": 1, "strength": 0.6}
+INPAINT = {**IMG2IMG, "mask": True}
+LIMITS = ImageLimits(max_bytes=1 << 20, max_pixels=512 * 512)
+
+
+def encoded(image: Image.Image, fmt: str = "PNG", **kw) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, fmt, **kw)
+    return buf.getvalue()
+
+
+RGBA = Image.fromarray(np.random.default_rng(1).integers(0, 256, (30, 50, 4), dtype=np.uint8), "RGBA")
+
+
+def refused(profile, **values) -> DiffletError:
+    with pytest.raises(DiffletError) as err:
+        resolve_request(profile, image_limits=LIMITS, prompt="p", **values)
+    return err.value
+
+
+def test_fit_is_the_reference_pipelines_resize_of_load_image():
+    data = encoded(RGBA)
+    got = fit(load(data, "image", LIMITS), 32, 32, "RGB")
+    # diffusers.utils.load_image (exif_transpose + RGB), then VaeImageProcessor.resize (lanczos)
+    ref = ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB").resize(
+        (32, 32), resample=Image.Resampling.LANCZOS, reducing_gap=None)
+    assert got.data == ref.tobytes() and (got.width, got.height, got.mode) == (32, 32, "RGB")
+    assert to_pil(got).tobytes() == ref.tobytes()
+    mask = fit(load(data, "mask_image", LIMITS), 32, 32, "L")  # the mask processor: resize, then grayscale
+    assert mask.data == ref.convert("L").tobytes() or mask.data == \
+        Image.open(io.BytesIO(data)).convert("RGB").resize((32, 32), Image.Resampling.LANCZOS).convert("L").tobytes()
+
+
+def test_exif_orientation_is_applied_as_load_image_does():
+    image = Image.fromarray(np.arange(20 * 10 * 3, dtype=np.uint8).reshape(20, 10, 3))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 CW to display
+    got = load(encoded(image, "JPEG", exif=exif), "image", LIMITS)
+    assert got.size == (20, 10)
+
+
+def test_a_text_only_profile_refuses_every_image_field():
+    png = encoded(RGBA)
+    assert refused(TEXT_ONLY, image=png).where == "image"
+    assert "takes no input image" in refused(TEXT_ONLY, image=png).message
+    assert refused(TEXT_ONLY, strength=0.5).where == "strength"
+    assert refused(TEXT_ONLY, mask_image=png).where == "mask_image"
+    assert resolve_request(TEXT_ONLY, prompt="p").image == ()
+
+
+def test_an_image_profile_takes_its_image_count_and_resolves_strength():
+    png = encoded(RGBA)
+    assert "needs an input image" in refused(IMG2IMG).message
+    assert "at most 1" in refused(IMG2IMG, image=[png, png]).message
+    assert refused(IMG2IMG, image=png, mask_image=png).where == "mask_image"
+    request = resolve_request(IMG2IMG, image_limits=LIMITS, prompt="p", image=png)
+    assert request.strength == 0.6 and len(request.image) == 1 and request.image[0].width == 32
+    assert resolve_request(IMG2IMG, image_limits=LIMITS, prompt="p", image=png, strength=1).strength == 1.0
+    err = refused(IMG2IMG, image=png, strength=1e-300)
+    assert err.where == "strength" and "leaves no step" in err.message
+
+
+def test_an_inpainting_profile_needs_a_mask_of_the_images_size():
+    png = encoded(RGBA)
+    assert "needs a mask" in refused(INPAINT, image=png).message
+    err = refused(INPAINT, image=png, mask_image=encoded(Image.new("L", (50, 31))))
+    assert err.where == "mask_image" and "50x31 does not match the image's 50x30" in err.message
+    request = resolve_request(INPAINT, image_limits=LIMITS, prompt="p", image=png,
+                              mask_image=encoded(Image.new("L", (50, 30), 255)))
+    assert request.mask_image.mode == "L" and request.mask_image.data == b"\xff" * 32 * 32
+
+
+def _png_header_only(width: int, height: int) -> bytes:
+    """A PNG whose IHDR claims width x height, with one tiny IDAT: a decompression bomb's shape."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 16)) + chunk(b"IEND", b"")
+
+
+def test_bounds_are_checked_before_decoding():
+    with pytest.raises(DiffletError, match=r"image: (100000x100000 )?is over the bound of 262144 pixels"):
+        load(_png_header_only(100000, 100000), "image", LIMITS)  # PIL's own bomb bound, 2 x 89 MP
+    with pytest.raises(DiffletError, match=r"image: 3000x3000 is over the bound of 262144 pixels"):
+        load(_png_header_only(3000, 3000), "image", LIMITS)  # ours, read from the header
+    with pytest.raises(DiffletError, match=r"image\[1\]: 1048577 bytes is over the bound"):
+        load(b"\0" * ((1 << 20) + 1), "image[1]", LIMITS)
+    assert ImageLimits.for_sizes([1024 * 1024]).max_pixels == 16 * 1024 * 1024
+    assert ImageLimits.for_sizes([32 * 32]).max_pixels == 2048 * 2048  # never below a 4 MP photo
+
+
+def test_warm_up_inputs_pass_admission_for_each_profile():
+    for profile in (TEXT_ONLY, IMG2IMG, INPAINT):
+        resolve_request(profile, image_limits=LIMITS, prompt="p", **warm_up_inputs(profile, 32, 32))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(data=st.binary(max_size=600) | st.builds(lambda cut, junk: encoded(RGBA)[:cut] + junk,
+                                                 st.integers(0, 400), st.binary(max_size=40)))
+def test_any_bytes_decode_or_are_refused_naming_the_field(data):
+    try:
+        image = load(data, "image", LIMITS)
+    except DiffletError as err:
+        assert err.where == "image" and err.message.startswith("image: ")
+    else:
+        assert image.mode == "RGB" and image.width * image.height <= LIMITS.max_pixels
