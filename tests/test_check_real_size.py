@@ -30,12 +30,15 @@ REPO = Path(__file__).resolve().parent.parent
 # models/*.dsl at real size: the five families and FLUX.1-schnell (the others are -tiny, -tiny4,
 # -bf16, -bench and flux-shapes: toy widths, covered by test_graph_checks.py's tiny cases)
 REAL_SIZE = ("flux", "flux-schnell", "qwen-image", "wan2.1", "hunyuan-video", "ltx2")
+# image-input profiles (issue 29): their base description plus a VAE encoder program
+IMAGE_INPUT = {"flux-img2img": "flux", "flux-inpaint": "flux", "qwen-image-img2img": "qwen-image",
+               "qwen-image-inpaint": "qwen-image"}
 
 
 def test_the_real_size_list_is_every_description_that_is_not_a_toy():
     toys = ("-tiny", "-tiny4", "-bf16", "-bench", "flux-shapes")
     found = sorted(p.stem for p in (REPO / "models").glob("*.dsl") if not any(t in p.stem for t in toys))
-    assert found == sorted(REAL_SIZE)
+    assert found == sorted((*REAL_SIZE, *IMAGE_INPUT))
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +83,25 @@ def test_flux_schnell_differs_from_flux_only_in_its_transformer_which_passes(low
     assert same == ["text_encoder", "text_encoder_2", "vae"]
     res = _check(ir, "cpu", "--component", "transformer")
     assert res.exit_code == 0 and not _errors(res.output) and "ok transformer" in res.output, res.output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["flux-img2img", "qwen-image-img2img"])
+def test_an_image_input_profile_adds_only_a_vae_encoder_which_passes(lowered, name):
+    """Its other components are its base description's (checked there) and its inpainting
+    sibling's components are its own, so the VAE encoder is the one new program to check."""
+    base, _ = lowered(IMAGE_INPUT[name])
+    module, ir = lowered(name)
+    keys = ("class", "config", "dtype", "entry")
+    others = [c.name for c in module.components() if c.name != "vae_encoder"]
+    assert others == [c.name for c in base.components()]
+    assert all(module.component(n).attrs.get(k) == base.component(n).attrs.get(k) for n in others for k in keys)
+    sibling, _ = lowered(name.replace("img2img", "inpaint"))
+    assert [(c.name, *(c.attrs.get(k) for k in keys)) for c in sibling.components()] == \
+        [(c.name, *(c.attrs.get(k) for k in keys)) for c in module.components()]
+    for target in ("cpu", "trn2"):
+        res = _check(ir, target, "--component", "vae_encoder")
+        assert res.exit_code == 0 and not _errors(res.output) and "ok vae_encoder" in res.output, res.output
 
 
 @pytest.mark.slow

@@ -47,15 +47,30 @@ MASK = png(np.where((_x > 8) & (_x < 30) & (_y > 10) & (_y < 36), 255, 0).astype
 MASK_2 = png(np.where(_x < 20, 255, 0).astype(np.uint8))
 
 
+# profile -> (description, reference pipeline class, its profile: size, guidance call arguments)
+PROFILES = {
+    "img2img": ("flux-tiny-img2img", "FluxImg2ImgPipeline", 32, dict(guidance_scale=3.5, max_sequence_length=32)),
+    "inpaint": ("flux-tiny-inpaint", "FluxInpaintPipeline", 32, dict(guidance_scale=3.5, max_sequence_length=32)),
+    "qwen-img2img": ("qwen-image-tiny-img2img", "QwenImageImg2ImgPipeline", 64,
+                     dict(true_cfg_scale=4.0, negative_prompt=" ", max_sequence_length=16)),
+    "qwen-inpaint": ("qwen-image-tiny-inpaint", "QwenImageInpaintPipeline", 64,
+                     dict(true_cfg_scale=4.0, negative_prompt=" ", max_sequence_length=16)),
+}
+
+
 @pytest.fixture(scope="module")
 def arts(tmp_path_factory):
-    """mode -> (ART dir, checkpoint) of flux-tiny-img2img and flux-tiny-inpaint."""
+    """profile -> (ART dir, checkpoint), compiled on first use."""
     out = {}
-    for mode in ("img2img", "inpaint"):
-        module = planned_tiny(REPO / "models" / f"flux-tiny-{mode}.dsl")
-        ckpt = random_checkpoint(module)
-        out[mode] = (compile_art(module, ckpt, tmp_path_factory.mktemp(mode)), ckpt)
-    return out
+
+    def get(mode):
+        if mode not in out:
+            module = planned_tiny(REPO / "models" / f"{PROFILES[mode][0]}.dsl")
+            ckpt = random_checkpoint(module)
+            out[mode] = (compile_art(module, ckpt, tmp_path_factory.mktemp(mode)), ckpt)
+        return out[mode]
+
+    return get
 
 
 def reference(mode: str, ckpt, strength: float, image: bytes = INPUT, mask: bytes = MASK,
@@ -65,15 +80,15 @@ def reference(mode: str, ckpt, strength: float, image: bytes = INPUT, mask: byte
     import diffusers
     from diffusers.utils import load_image
 
-    cls = diffusers.FluxInpaintPipeline if mode == "inpaint" else diffusers.FluxImg2ImgPipeline
-    pipe = cls.from_pretrained(str(ckpt))
+    _, cls, size, call = PROFILES[mode]
+    pipe = getattr(diffusers, cls).from_pretrained(str(ckpt))
     pipe.set_progress_bar_config(disable=True)
     if calls is not None:
         pipe.transformer.register_forward_hook(lambda *_: calls.append(1))
-    extra = {"mask_image": load_image(Image.open(io.BytesIO(mask)))} if mode == "inpaint" else {}
+    extra = {"mask_image": load_image(Image.open(io.BytesIO(mask)))} if mode.endswith("inpaint") else {}
     out = pipe(prompt=PROMPT, image=load_image(Image.open(io.BytesIO(image))), strength=strength,
-               num_inference_steps=steps, guidance_scale=3.5, height=32, width=32, max_sequence_length=32,
-               generator=torch.Generator("cpu").manual_seed(SEED), output_type="np", **extra).images[0]
+               num_inference_steps=steps, height=size, width=size,
+               generator=torch.Generator("cpu").manual_seed(SEED), output_type="np", **call, **extra).images[0]
     return (out * 255).round().astype("uint8")
 
 
@@ -88,16 +103,17 @@ class Counted:
         return self.program(*args, **kwargs)
 
 
-@pytest.mark.parametrize("mode", ["img2img", "inpaint"])
+@pytest.mark.parametrize("mode", list(PROFILES))
 def test_python_api_equals_the_reference_pipeline_at_two_strengths_with_reference_call_counts(arts, mode):
     from difflet import DiffletPipeline
 
-    art, ckpt = arts[mode]
+    art, ckpt = arts(mode)
     pipe = DiffletPipeline.from_artifacts(art)
     env = pipe.runner.env
     counts = {name: Counted(env.programs[name]) for name in ("transformer", "vae_encoder")}
     env.programs.update(counts)
-    mask = {"mask_image": Image.open(io.BytesIO(MASK))} if mode == "inpaint" else {}
+    mask = {"mask_image": Image.open(io.BytesIO(MASK))} if mode.endswith("inpaint") else {}
+    passes = 2 if mode.startswith("qwen") else 1  # true CFG: two transformer calls per step
     for strength, steps in ((0.6, STEPS), (1.0, STEPS), (0.6, 7)):  # 7 x 0.6 = 4.2: the pipeline runs 5
         before = {n: c.calls for n, c in counts.items()}
         out = pipe(PROMPT, image=Image.open(io.BytesIO(INPUT)), strength=strength, num_inference_steps=steps,
@@ -107,7 +123,8 @@ def test_python_api_equals_the_reference_pipeline_at_two_strengths_with_referenc
         assert_images_close(got, reference(mode, ckpt, strength, calls=calls, steps=steps),
                             f"{mode} strength {strength}")
         # the pipeline's get_timesteps: the last steps - int(steps - steps x strength); one VAE encode
-        assert counts["transformer"].calls - before["transformer"] == len(calls) == steps - int(steps - steps * strength)
+        run = steps - int(steps - steps * strength)
+        assert counts["transformer"].calls - before["transformer"] == len(calls) == passes * run
         assert counts["vae_encoder"].calls - before["vae_encoder"] == 1
     pipe.close()
 
@@ -116,7 +133,7 @@ def test_the_strength_and_the_mask_change_the_output(arts):
     """Guards against a vacuous match: strength and mask must matter, as in the reference."""
     from difflet import DiffletPipeline
 
-    pipe = DiffletPipeline.from_artifacts(arts["inpaint"][0])
+    pipe = DiffletPipeline.from_artifacts(arts("inpaint")[0])
 
     def run(strength, mask):
         return np.asarray(pipe(PROMPT, image=INPUT, mask_image=mask, strength=strength, num_inference_steps=STEPS,
@@ -128,7 +145,7 @@ def test_the_strength_and_the_mask_change_the_output(arts):
 
 @pytest.fixture(scope="module")
 def server(arts):
-    proc, grpc_address, http_address = start_http_server(arts["inpaint"][0])
+    proc, grpc_address, http_address = start_http_server(arts("inpaint")[0])
     yield grpc_address, http_address
     assert stop_server(proc) == 0
 
@@ -145,7 +162,7 @@ def test_openai_images_edit_equals_the_grpc_reply_and_the_reference(server, arts
     assert edited == grpc_reply.png
     assert grpc_reply.denoiser_calls == STEPS - int(STEPS - STEPS * 0.6)
     got = np.asarray(Image.open(io.BytesIO(edited)).convert("RGB"))
-    assert_images_close(got, reference("inpaint", arts["inpaint"][1], 0.6))
+    assert_images_close(got, reference("inpaint", arts("inpaint")[1], 0.6))
 
 
 def test_changing_image_mask_and_strength_compiles_nothing(server):

@@ -28,8 +28,8 @@ from difflet.errors import DiffletError
 from difflet.families.flux.facts import FACTS
 from difflet.ir.nodes import Node, Op
 from difflet.runtime.host import host_step
-from difflet.runtime.host.image_inputs import (InpaintBlend, generator, preprocess_image, preprocess_mask,
-                                               sample_latents, strength_timesteps)
+from difflet.runtime.host.image_inputs import (generator, packed_mask, preprocess_image, sample_latents,
+                                               start_from_image)
 from difflet.runtime.host.loop import cached_loop
 from difflet.runtime.host.toolkit import (calculate_shift, class_config_value, guidance, input_shape,
                                           make_scheduler, pack_latents, packed_latent_geometry, unpack_latents,
@@ -115,9 +115,7 @@ def encode_image(env: HostEnv, step: Node, state: RequestState) -> None:
     latents = (sample_latents(moments, state) - shift) * scaling
     state.values["image_latents"] = pack_latents(latents.to(dtype))
     if params.mask_image is not None:
-        mask = preprocess_mask(state, factor, latent_channels)
-        mask = torch.nn.functional.interpolate(mask, size=(height, width)).to(dtype)
-        state.values["latent_mask"] = pack_latents(mask.repeat(1, channels, 1, 1))
+        state.values["latent_mask"] = packed_mask(state, factor, latent_channels, channels, height, width, dtype)
 
 
 def timesteps_for(scheduler, num_steps: int, image_seq_len: int) -> torch.Tensor:
@@ -183,13 +181,7 @@ def denoise(env: HostEnv, step: Node, state: RequestState) -> None:
     scheduler = make_scheduler(step)
     latents = state.values["latents"]
     timesteps = timesteps_for(scheduler, state.params.steps, latents.shape[1])
-    blend = None
-    if "image_latents" in state.values:  # image-to-image: from the image noised to the first step run
-        timesteps, _ = strength_timesteps(scheduler, timesteps, state.params.steps, state.params.strength)
-        noise, image_latents = latents, state.values["image_latents"]
-        latents = scheduler.scale_noise(image_latents, timesteps[:1], noise)
-        if "latent_mask" in state.values:
-            blend = InpaintBlend(scheduler, timesteps, image_latents, noise, state.values["latent_mask"])
+    timesteps, latents, blend = start_from_image(state, scheduler, timesteps, latents)
     state.values["latents"] = cached_loop(
         env, state, scheduler, timesteps, latents,
         predict=lambda x, t: predict_noise(env, transformer, state, x, t),

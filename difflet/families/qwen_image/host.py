@@ -15,6 +15,10 @@ Invariants:
   defaults to " " (the official example's). Two batch-1 denoiser passes per step, each with its
   own valid_text (two calls, or one call of a cfg2 program: host/cfg.py), then comb = neg + s * (cond - neg) rescaled to the conditional norm per token.
 - Sampling state (generator, scheduler) lives in RequestState, never in HostEnv.
+- Image inputs (qwen-image-img2img.dsl, qwen-image-inpaint.dsl): `encode_image` runs the VAE
+  encoder program on the image as a one-frame video and leaves the normalized, packed
+  `image_latents` (and `latent_mask`); `denoise` starts from them as QwenImageImg2ImgPipeline /
+  QwenImageInpaintPipeline do (runtime/host/image_inputs.py).
 """
 from __future__ import annotations
 
@@ -26,9 +30,12 @@ from difflet.ir.nodes import Node, Op
 from difflet.families.qwen_image.facts import FACTS, PROMPT_TEMPLATE
 from difflet.runtime.host import host_step
 from difflet.runtime.host.cfg import predict_branches
+from difflet.runtime.host.image_inputs import (generator, packed_mask, preprocess_image, sample_latents,
+                                               start_from_image)
 from difflet.runtime.host.loop import cached_loop
 from difflet.runtime.host.toolkit import (calculate_shift, class_config_value, guidance, input_shape,
-                                          make_scheduler, pack_latents, packed_latent_geometry, schedule_step)
+                                          make_scheduler, pack_latents, packed_latent_geometry, schedule_step,
+                                          vae_scale)
 from difflet.runtime.host.env import HostEnv, RequestState
 
 DEFAULT_NEGATIVE_PROMPT = " "  # the official Qwen-Image example's negative prompt
@@ -90,11 +97,33 @@ def prepare_latents(env: HostEnv, step: Node, state: RequestState) -> None:
     channels, height, width = packed_latent_geometry(env.module, env.profile, params.height, params.width)
     denoiser = env.module.components("denoiser")[0]
     (hidden,) = (n.results[0].type for n in denoiser.find(Op.INPUT, "hidden_states"))
-    generator = torch.Generator("cpu").manual_seed(params.seed)
     # drawn in the text embeddings' dtype, as the pipeline does (= the denoiser's dtype)
-    noise = randn_tensor((1, 1, channels, height, width), generator=generator,
+    noise = randn_tensor((1, 1, channels, height, width), generator=generator(state),
                          device=torch.device("cpu"), dtype=getattr(torch, hidden.dtype))
     state.values["latents"] = pack_latents(noise.view(1, channels, height, width))
+
+
+@host_step("qwen_image.encode_image", phase="encode")
+def encode_image(env: HostEnv, step: Node, state: RequestState) -> None:
+    """The input image through the VAE encoder program as a one-frame video, as
+    QwenImageImg2ImgPipeline._encode_vae_image (a latent sample drawn with the request's
+    generator, normalized by latents_mean/std), packed; with a mask, the inpainting pipeline's
+    latent mask. Its encode of the masked image is not run: the 64-channel transformer never
+    reads it, and its draw comes after the noise's."""
+    (vae_name,) = step.args
+    vae, params = env.component(vae_name), state.params
+    channels, height, width = packed_latent_geometry(env.module, env.profile, params.height, params.width)
+    factor, z_dim = 2 * vae_scale(env.module, env.profile), class_config_value(vae, "z_dim")
+    dtype = state.values["cond"][0].dtype  # the pipeline casts the image to prompt_embeds'
+    image = preprocess_image(state, factor, z_dim).unsqueeze(2).to(dtype)
+    moments = next(iter(env.invoke(vae_name, **{vae.find(Op.INPUT)[0].name: image}).values()))
+    latents = sample_latents(moments, state)
+    mean = torch.tensor(class_config_value(vae, "latents_mean")).view(1, z_dim, 1, 1, 1).to(latents.dtype)
+    inv_std = 1.0 / torch.tensor(class_config_value(vae, "latents_std")).view(1, z_dim, 1, 1, 1).to(latents.dtype)
+    latents = ((latents - mean) * inv_std).transpose(1, 2).to(dtype)  # [1, 1, z, h, w]
+    state.values["image_latents"] = pack_latents(latents.reshape(1, channels, height, width))
+    if params.mask_image is not None:
+        state.values["latent_mask"] = packed_mask(state, factor, z_dim, channels, height, width, dtype)
 
 
 def timesteps_for(scheduler, num_steps: int, image_seq_len: int) -> torch.Tensor:
@@ -141,11 +170,12 @@ def denoise(env: HostEnv, step: Node, state: RequestState) -> None:
     scheduler = make_scheduler(step)
     latents = state.values["latents"]
     timesteps = timesteps_for(scheduler, state.params.steps, latents.shape[1])
+    timesteps, latents, blend = start_from_image(state, scheduler, timesteps, latents)
     scale = float(state.params.guidance)
     state.values["latents"] = cached_loop(
         env, state, scheduler, timesteps, latents,
         predict=lambda x, t: predict_noise(env, transformer, state, x, t, scale),
-        probe_inputs=lambda x, t: denoiser_inputs(state.values["cond"], x, t))
+        probe_inputs=lambda x, t: denoiser_inputs(state.values["cond"], x, t), blend=blend)
 
 
 @host_step("qwen_image.decode", phase="decode")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from difflet.runtime.host.env import RequestState
+from difflet.runtime.host.toolkit import pack_latents
 from difflet.runtime.images import to_pil
 
 
@@ -68,6 +69,30 @@ def strength_timesteps(scheduler, timesteps: torch.Tensor, num_steps: int, stren
     if hasattr(scheduler, "set_begin_index"):
         scheduler.set_begin_index(t_start * scheduler.order)
     return timesteps, t_start
+
+
+def packed_mask(state: RequestState, vae_scale_factor: int, latent_channels: int, channels: int,
+                height: int, width: int, dtype: torch.dtype) -> torch.Tensor:
+    """The inpainting pipelines' latent mask: the processed mask nearest-resized to the latent
+    grid, in the latents' dtype, one copy per latent channel, packed 2x2."""
+    mask = preprocess_mask(state, vae_scale_factor, latent_channels)
+    mask = torch.nn.functional.interpolate(mask, size=(height, width)).to(dtype)
+    return pack_latents(mask.repeat(1, channels, 1, 1))
+
+
+def start_from_image(state: RequestState, scheduler, timesteps: torch.Tensor, latents: torch.Tensor):
+    """(timesteps run, initial latents, per-step blend or None) of a request: an image-input one
+    (packed `image_latents` in state) runs the strength's last timesteps from the image latents
+    noised to the first of them, as the img2img/inpaint pipelines do; any other is unchanged."""
+    image_latents = state.values.get("image_latents")
+    if image_latents is None:
+        return timesteps, latents, None
+    timesteps, _ = strength_timesteps(scheduler, timesteps, state.params.steps, state.params.strength)
+    noise = latents
+    latents = scheduler.scale_noise(image_latents, timesteps[:1], noise)  # elementwise: packing commutes
+    mask = state.values.get("latent_mask")
+    blend = None if mask is None else InpaintBlend(scheduler, timesteps, image_latents, noise, mask)
+    return timesteps, latents, blend
 
 
 class InpaintBlend:
