@@ -15,8 +15,16 @@ of an older commit), both on the same artifacts, requests alternating between th
 keep-alive connection (so drift on shared cores hits both alike). Target: this front's median
 within 5% of the other's (the FastAPI front vs the stdlib one it replaced, issue 31).
 
+`--img2img STRENGTH` instead serves flux-tiny and flux-tiny-img2img side by side (two servers,
+requests alternating) and compares the time per denoising step (the server's denoise time over
+its denoiser calls) of an image-to-image request of --steps steps and a text-to-image request of
+as many steps as that one makes calls (steps - int(steps - steps x strength), the reference
+pipeline's): target equal within noise (5%); the image request's one VAE encode is reported apart
+(encode_ms). Writes --out PREFIX.{json,md}.
+
     python bench/request_latency.py [--n 20] [--warmup 3] [--store DIR] [--steps 4]
     git worktree add /tmp/old f391126 && python bench/request_latency.py --http-against /tmp/old
+    python bench/request_latency.py --img2img 0.6 --steps 10 --out bench/results/request_latency_img2img
 """
 from __future__ import annotations
 
@@ -45,12 +53,12 @@ def timed(fn, n: int, warmup: int) -> dict:
             "n": n, "warmup": warmup}
 
 
-def build_artifacts(store: Path, art: Path):
+def build_artifacts(store: Path, art: Path, model: str = "flux-tiny"):
     from difflet.codegen.driver import codegen
     from difflet.frontend.lower import lower_file
     from difflet.passes.pipeline import optimize
 
-    module = optimize(lower_file(str(REPO / "models" / "flux-tiny.dsl")), parallel="tp1",
+    module = optimize(lower_file(str(REPO / "models" / f"{model}.dsl")), parallel="tp1",
                       target="cpu", backend="inductor")
     result = codegen(module, "random:0", art, backend="inductor", store=store, log=lambda *a: None)
     return module, result
@@ -141,6 +149,70 @@ def bench_http_fronts(art: Path, other: Path, profile: dict, steps: int, n: int,
                    "warmup": warmup} for name, v in samples.items()}
 
 
+def bench_img2img(store: Path, tmp: Path, steps: int, strength: float, n: int, warmup: int) -> dict:
+    """text-to-image vs image-to-image on two servers, alternating: per-step denoise ms and more."""
+    import io
+
+    from PIL import Image
+
+    from difflet.runtime import client
+    from difflet.runtime.demo import start_server, stop_server
+
+    buf = io.BytesIO()
+    Image.linear_gradient("L").convert("RGB").resize((48, 40)).save(buf, "PNG")
+    # the text request runs as many steps as the image request makes calls, so the denoise phase's
+    # fixed part (schedule, RoPE tables) is shared by the same number of steps in both
+    calls = steps - int(steps - steps * strength)
+    fields = {"text-to-image": {"steps": calls}, "image-to-image": {"steps": steps, "image": buf.getvalue(),
+                                                                    "strength": strength}}
+    servers, samples = {}, {name: [] for name in fields}
+    try:
+        for name, model in (("text-to-image", "flux-tiny"), ("image-to-image", "flux-tiny-img2img")):
+            build_artifacts(store, tmp / model, model)
+            servers[name] = start_server(tmp / model)
+        for i in range(warmup + n):
+            for name in (list(fields) if i % 2 == 0 else list(fields)[::-1]):
+                reply = client.generate(servers[name][1], PROMPT, SEED, timeout=600, **fields[name])
+                if i >= warmup:
+                    samples[name].append((reply.timings.denoise_ms / reply.denoiser_calls, reply.timings.encode_ms,
+                                          reply.timings.total_ms, reply.denoiser_calls))
+    finally:
+        for proc, _ in servers.values():
+            stop_server(proc)
+    out = {}
+    for name, rows in samples.items():
+        per_step, encode, total, calls = zip(*rows)
+        out[name] = {"per_step_ms": statistics.median(per_step), "per_step_min_ms": min(per_step),
+                     "per_step_max_ms": max(per_step), "encode_ms": statistics.median(encode),
+                     "total_ms": statistics.median(total), "denoiser_calls": calls[0], "n": n, "warmup": warmup}
+    return out
+
+
+def main_img2img(args, store: Path, tmp: Path) -> int:
+    steps = args.steps or 10
+    rows = bench_img2img(store, tmp, steps, args.img2img, args.n, args.warmup)
+    ratio = rows["image-to-image"]["per_step_ms"] / rows["text-to-image"]["per_step_ms"]
+    expected = steps - int(steps - steps * args.img2img)
+    report = {"model": "flux-tiny / flux-tiny-img2img", "steps": steps, "strength": args.img2img, "results": rows,
+              "per_step_ratio": ratio, "img2img_calls_expected": expected,
+              "target": "per-step ratio within [0.95, 1.05]; img2img calls = steps - int(steps - steps x strength)",
+              "target_met": 0.95 <= ratio <= 1.05 and rows["image-to-image"]["denoiser_calls"] == expected}
+    table = [f"| request (flux-tiny, 32x32; image: {steps} steps at strength {args.img2img}) | denoiser calls "
+             "| ms per step (median) | min | max | encode ms | total ms | per-step ratio |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, row in rows.items():
+        table.append(f"| {name} | {row['denoiser_calls']} | {row['per_step_ms']:.2f} | {row['per_step_min_ms']:.2f} | "
+                     f"{row['per_step_max_ms']:.2f} | {row['encode_ms']:.1f} | {row['total_ms']:.1f} | "
+                     f"{row['per_step_ms'] / rows['text-to-image']['per_step_ms']:.3f}x |")
+    print(json.dumps(report, indent=2))
+    print("\n" + "\n".join(table))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+        args.out.with_suffix(".md").write_text("\n".join(table) + "\n")
+    return 0
+
+
 def main_http(args, module, profile, steps, art: Path) -> int:
     rows = bench_http_fronts(art, args.http_against, profile, steps, args.n, args.warmup)
     ratio = rows["this"]["median_ms"] / rows["other"]["median_ms"]
@@ -166,7 +238,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", type=Path, default=None, help="program store (default: the user cache)")
     parser.add_argument("--http-against", type=Path, default=None, metavar="CHECKOUT",
                         help="compare this HTTP front with the one of another Difflet checkout")
+    parser.add_argument("--img2img", type=float, default=None, metavar="STRENGTH",
+                        help="compare text-to-image and image-to-image steps at this strength")
+    parser.add_argument("--out", type=Path, default=None, metavar="PREFIX",
+                        help="--img2img: also write PREFIX.json and PREFIX.md")
     args = parser.parse_args(argv)
+    if args.img2img is not None and not 0 < args.img2img <= 1:
+        parser.error(f"--img2img: {args.img2img} is outside (0, 1]")
     if args.http_against is not None and not (args.http_against / "difflet" / "runtime").is_dir():
         parser.error(f"--http-against: {args.http_against} is not a Difflet checkout")
 
@@ -177,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
 
     store = args.store or default_store_dir()
     with tempfile.TemporaryDirectory(prefix="difflet-bench-") as tmp:
+        if args.img2img is not None:
+            return main_img2img(args, store, Path(tmp))
         module, result = build_artifacts(store, Path(tmp) / "art")
         profile = module.attrs["profile"].to_python()
         steps = args.steps or int(profile["steps"])

@@ -60,6 +60,9 @@ wild = st.fixed_dictionaries({
     "frames": INT32 | SMALL, "lora": TEXT,
     "steps": _unset(INT32 | SMALL), "guidance": _unset(st.floats() | st.floats(-1, 200)),
     "negative_prompt": _unset(TEXT),
+    # the image fields, refused by this text-only profile before anything is decoded
+    "strength": _unset(st.floats() | st.floats(-1, 2)), "image": st.lists(st.binary(max_size=64), max_size=2),
+    "mask_image": _unset(st.binary(max_size=64)),
 })
 # requests that pass admission (mostly), so generation, batching and the deadline are fuzzed too
 valid = st.fixed_dictionaries({
