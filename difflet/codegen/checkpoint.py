@@ -104,6 +104,9 @@ def materialize_checkpoint(module: Module, seed: int, dest: str | os.PathLike) -
         model = _build_random(comp, seed * 1000 + i)
         model.save_pretrained(str(dest / sub), safe_serialization=True)
         index[sub] = [_library(cls), cls.rpartition(".")[2]]
+        extras = declaration(cls).write_extras  # e.g. a vision encoder's image processor folder
+        if extras is not None:
+            index.update(extras(comp, comp.attrs["config"].to_python(), dest))
         tok = comp.attrs.get("tokenizer")
         if tok is not None:
             config = comp.attrs["config"].to_python()

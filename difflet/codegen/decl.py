@@ -91,7 +91,11 @@ class ClassDecl:
     wrapper(model, node): the program module when the generic ProgramModule cannot adapt the
     class to the IR calling convention; build_random(comp, config): a random model for a
     materialized checkpoint; write_tokenizer(comp, config, tokenizer_attrs, dest): the tiny
-    tokenizer of a materialized checkpoint; split / probe: see SplitDecl / ProbeDecl;
+    tokenizer of a materialized checkpoint; write_extras(comp, config, dest) -> model_index.json
+    entries: checkpoint folders a materialized checkpoint adds beside the component (an image
+    processor), which may name the pipeline class (`_class_name`) the class implies;
+    host_folders: checkpoint folders the host steps read beside this component (copied into the
+    artifact's host/ as tokenizers are); split / probe: see SplitDecl / ProbeDecl;
     branch_inputs: runtime inputs the wrapper branches on (torch.cond) unless the node fixes
     them in `attrs.branch` (codegen/branches.py: one program per value where the target has no
     control flow).
@@ -101,6 +105,8 @@ class ClassDecl:
     wrapper: Callable[..., Any] | None = None
     build_random: Callable[..., Any] | None = None
     write_tokenizer: Callable[..., Any] | None = None
+    write_extras: Callable[..., Any] | None = None
+    host_folders: tuple[str, ...] = ()
     split: SplitDecl | None = None
     probe: ProbeDecl | None = None
     blocks: BlockDecl | None = None

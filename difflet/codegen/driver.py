@@ -78,9 +78,14 @@ def _check_buckets(module: Module, be) -> None:
 
 
 def _copy_host(ckpt: Path, module: Module, host: Path) -> dict[str, str]:
-    """Copy tokenizers and the scheduler config (what host steps need) from the checkpoint."""
+    """Copy tokenizers, the folders classes declare their host steps read (an image processor)
+    and the scheduler config (what host steps need) from the checkpoint."""
+    from difflet.codegen.declarations import declaration
+
     subs = [c.attrs["tokenizer"].get("subfolder", "tokenizer") for c in module.components()
-            if c.attrs.get("tokenizer") is not None] + ["scheduler"]
+            if c.attrs.get("tokenizer") is not None]
+    subs += [f for c in module.components() for f in declaration(str(c.attrs.get("class"))).host_folders]
+    subs.append("scheduler")
     copied = {}
     for sub in subs:
         src = ckpt / sub

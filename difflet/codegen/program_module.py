@@ -36,10 +36,14 @@ class ProgramModule(torch.nn.Module):
 
 
 def _select(result, sel):
-    """Output `sel` of `result`: an index, a field name, or a dotted path of attributes
-    ("latent_dist.parameters": a VAE encoder's mean | logvar, sampled on the host)."""
+    """Output `sel` of `result`: an index, a field name, or a dotted path of attributes and
+    indices ("latent_dist.parameters": a VAE encoder's mean | logvar, sampled on the host;
+    "hidden_states.-2": the penultimate layer's hidden states)."""
     if isinstance(sel, int):
         return result[sel] if isinstance(result, (tuple, list)) else result.to_tuple()[sel]
     for name in sel.split("."):
-        result = getattr(result, name) if hasattr(result, name) else result[name]
+        if name.lstrip("-").isdigit() and isinstance(result, (tuple, list)):
+            result = result[int(name)]
+        else:
+            result = getattr(result, name) if hasattr(result, name) else result[name]
     return result

@@ -1,4 +1,5 @@
-"""Wan 2.1 T2V host steps, matching diffusers' WanPipeline (pipeline_wan.py) operation for operation.
+"""Wan 2.1 host steps, matching diffusers' WanPipeline (pipeline_wan.py) and, for image-to-video,
+WanImageToVideoPipeline (pipeline_wan_i2v.py) operation for operation.
 
 Invariants:
 - Shapes come from the IR (program input/output types), never from a diffusers config: latent
@@ -15,6 +16,11 @@ Invariants:
   `RequestState`; the scheduler is the step's `scheduler:` attrs, set_timesteps(steps) only.
 - Decode: latents / (1 / latents_std) + latents_mean, then the chunk program once per latent
   frame (`first` = 1 for frame 0), causal caches carried between the calls.
+- Image-to-video (`encode_image`): the CLIP image encoder reads the checkpoint's
+  CLIPImageProcessor output; the VAE encoder program the image as frame 0 of a zero clip, its
+  mean (no draw, so the noise is the generator's only draw, as in the pipeline) normalized, after
+  the pipeline's temporal-scale-channel first-frame mask. Every transformer call reads
+  [latents | mask | condition] and the image embeddings; the noise has the output's channels.
 """
 from __future__ import annotations
 
@@ -26,7 +32,9 @@ from difflet.ir.nodes import Node, Op
 from difflet.families.wan.facts import FACTS, FPS, prompt_clean  # shared with admission and the HTTP card
 from difflet.runtime.host import host_step
 from difflet.runtime.host.cfg import is_cfg_parallel, predict_branches
+from difflet.runtime.host.image_inputs import generator, preprocess_image, sample_latents
 from difflet.runtime.host.loop import cached_loop
+from difflet.runtime.images import to_pil
 from difflet.runtime.host.toolkit import class_config_value, guidance, make_scheduler
 from difflet.runtime.host.env import HostEnv, RequestState
 
@@ -86,13 +94,58 @@ def prepare_latents(env: HostEnv, step: Node, state: RequestState) -> None:
     if frames is None or frames < 1 or (frames - 1) % scale:
         raise DiffletError(f"frames: the profile's frame count must be {scale}k + 1 (Wan's VAE compresses "
                            f"time {scale}x after the first frame), got {frames}", where="frames")
-    shape = tuple(_input_type(_transformer(env), "hidden_states").shape)
+    shape = tuple(_transformer(env).find(Op.OUTPUT)[0].results[0].type.shape)  # noise: z_dim channels
     if shape[2] != (frames - 1) // scale + 1:
         raise DiffletError(f"frames: {frames} frames need {(frames - 1) // scale + 1} latent frames, the "
                            f"transformer's hidden_states has {shape[2]}", where="frames")
-    generator = torch.Generator("cpu").manual_seed(state.params.seed)
-    state.values["latents"] = randn_tensor(shape, generator=generator, device=torch.device("cpu"),
+    state.values["latents"] = randn_tensor(shape, generator=generator(state), device=torch.device("cpu"),
                                            dtype=torch.float32)
+
+
+def _image_processor(env: HostEnv):
+    """The checkpoint's CLIPImageProcessor (the artifact's host/ copy), loaded once per server."""
+    from difflet.families.wan.programs import IMAGE_PROCESSOR
+
+    def load():
+        from transformers import CLIPImageProcessor
+
+        path = env.host_dir / IMAGE_PROCESSOR
+        if not path.is_dir():
+            raise DiffletError("image processor directory missing from the artifacts", where=str(path))
+        return CLIPImageProcessor.from_pretrained(str(path))
+
+    return env.asset("image-processor", load)
+
+
+@host_step("wan.encode_image", phase="encode")
+def encode_image(env: HostEnv, step: Node, state: RequestState) -> None:
+    """WanImageToVideoPipeline's encode_image (CLIP hidden_states[-2]) and prepare_latents'
+    condition: [mask (temporal-scale channels, 1 on frame 0) | normalized VAE mean of the clip
+    image + zero frames], float32."""
+    clip_name, vae_name = step.args
+    params, vae = state.params, env.component(vae_name)
+    if not params.image:
+        raise DiffletError("this image-to-video model needs an input image", where="image")
+    pixels = _image_processor(env)(images=to_pil(params.image[0]), return_tensors="pt").pixel_values
+    embeds = next(iter(env.invoke(clip_name, **{env.component(clip_name).find(Op.INPUT)[0].name: pixels}).values()))
+    state.values["image_embeds"] = embeds.to(getattr(torch, _input_type(_transformer(env), "hidden_states").dtype))
+    (x,) = vae.find(Op.INPUT)
+    _, _, frames, height, width = x.results[0].type.shape
+    z_dim, scale = int(class_config_value(vae, "z_dim")), _temporal_scale(env)
+    spatial = height // vae.find(Op.OUTPUT)[0].results[0].type.shape[3]
+    image = preprocess_image(state, spatial, z_dim).unsqueeze(2)  # the pipeline's VideoProcessor
+    clip = torch.cat([image, image.new_zeros(1, 3, frames - 1, height, width)], dim=2)
+    moments = next(iter(env.invoke(vae_name, **{x.name: clip}).values()))
+    latent = sample_latents(moments, state, mode="argmax").to(torch.float32)
+    h, w = latent.shape[3], latent.shape[4]
+    mean = torch.tensor(class_config_value(vae, "latents_mean")).view(1, z_dim, 1, 1, 1)
+    inv_std = 1.0 / torch.tensor(class_config_value(vae, "latents_std")).view(1, z_dim, 1, 1, 1)
+    latent = (latent - mean) * inv_std
+    mask = torch.ones(1, 1, frames, h, w)
+    mask[:, :, 1:] = 0
+    first = torch.repeat_interleave(mask[:, :, 0:1], dim=2, repeats=scale)
+    mask = torch.cat([first, mask[:, :, 1:]], dim=2).view(1, -1, scale, h, w).transpose(1, 2)
+    state.values["condition"] = torch.cat([mask, latent], dim=1)
 
 
 def _temporal_scale(env: HostEnv) -> int:
@@ -109,16 +162,23 @@ def predict_noise(env: HostEnv, name: str, state: RequestState, latents: torch.T
                   t: torch.Tensor) -> torch.Tensor:
     """One step's model output: cond (and uncond + CFG combine when guidance > 1; one call for
     both passes under a cfg2 layout, host/cfg.py)."""
-    timestep = t.expand(latents.shape[0])
     negative = state.values.get("negative_prompt_embeds")
-    cond, uncond = predict_branches(
-        env, name, dict(hidden_states=latents, timestep=timestep, encoder_hidden_states=state.values["prompt_embeds"]),
-        dict(hidden_states=latents, timestep=timestep, encoder_hidden_states=negative) if negative is not None else None)
+    cond, uncond = predict_branches(env, name, denoiser_inputs(state, latents, t, state.values["prompt_embeds"]),
+                                    denoiser_inputs(state, latents, t, negative) if negative is not None else None)
     cond = next(iter(cond.values()))
     if uncond is None:
         return cond
     uncond = next(iter(uncond.values()))
     return uncond + state.params.guidance * (cond - uncond)
+
+
+def denoiser_inputs(state: RequestState, latents: torch.Tensor, t: torch.Tensor, text: torch.Tensor) -> dict:
+    """One pass's transformer inputs; image-to-video adds the condition channels and image embeddings."""
+    inputs = dict(hidden_states=latents, timestep=t.expand(latents.shape[0]), encoder_hidden_states=text)
+    if "condition" in state.values:  # the pipeline's cat([latents, condition], dim=1) every step
+        inputs.update(hidden_states=torch.cat([latents, state.values["condition"]], dim=1),
+                      encoder_hidden_states_image=state.values["image_embeds"])
+    return inputs
 
 
 @host_step("wan.denoise", phase="denoise")
@@ -127,9 +187,10 @@ def denoise(env: HostEnv, step: Node, state: RequestState) -> None:
     (name,) = step.args
     guidance(step, FACTS, ("cfg",))
     node = env.component(name)
+    known = ("hidden_states", "timestep", "encoder_hidden_states") + \
+        (("encoder_hidden_states_image",) if "condition" in state.values else ())
     extra = [n.name for n in node.find(Op.INPUT)
-             if n.name not in ("hidden_states", "timestep", "encoder_hidden_states")
-             and not (is_cfg_parallel(node) and n.attrs.get("branch") == "uncond")]
+             if n.name not in known and not (is_cfg_parallel(node) and n.attrs.get("branch") == "uncond")]
     if extra:  # Wan attends its zero-padded text unmasked: nothing else crosses per request
         raise DiffletError(f"transformer {name!r} takes inputs {extra} that wan.denoise does not "
                            f"provide", where=step.loc)
@@ -140,8 +201,7 @@ def denoise(env: HostEnv, step: Node, state: RequestState) -> None:
         env, state, scheduler, scheduler.timesteps, state.values["latents"],
         predict=lambda x, t: predict_noise(env, name, state, x, t),
         # the conditional pass's inputs; the probe's feature reads no text, so either pass's is the same
-        probe_inputs=lambda x, t: dict(hidden_states=x, timestep=t.expand(x.shape[0]),
-                                       encoder_hidden_states=state.values["prompt_embeds"]))
+        probe_inputs=lambda x, t: denoiser_inputs(state, x, t, state.values["prompt_embeds"]))
 
 
 @host_step("wan.decode", phase="decode")

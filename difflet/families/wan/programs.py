@@ -1,4 +1,5 @@
-"""Wan 2.1 codegen declarations: WanPipeline checkpoints, the masked UMT5 program, the chunked VAE decoder.
+"""Wan 2.1 codegen declarations: WanPipeline / WanImageToVideoPipeline checkpoints, the masked
+UMT5 program, the chunked VAE decoder, the CLIP image encoder.
 
 Invariants:
 - The UMT5 program takes padded input_ids and the runtime value `valid_text` (the prompt's token
@@ -7,6 +8,8 @@ Invariants:
 - The VAE decodes one latent frame per call, causal caches in and out (wan/vae.py),
   when its IR declares them (outputs sample, next_cache0, ...). The transformer needs no hook: it
   attends the zero-padded text unmasked, so its stock attention compiles as is.
+- The CLIP image encoder program returns hidden states the pipeline reads (hidden_states[-2]);
+  its CLIPImageProcessor stays on the host (`host_folders`), as a tokenizer does.
 - A wrapper whose IR does not have its inputs (e.g. another family's UMT5) falls back to the
   generic ProgramModule.
 - Split WanTransformer3DModel: its IR input is the video latent, which the model patches itself,
@@ -25,6 +28,7 @@ from difflet.ir.nodes import Node, Op
 
 # WanPipeline's optional Wan 2.2 low-noise transformer; absent in Wan 2.1
 INDEX_EXTRAS = {"transformer_2": [None, None]}
+IMAGE_PROCESSOR = "image_processor"  # WanImageToVideoPipeline's CLIPImageProcessor folder
 
 
 def _input_names(node: Node) -> list[str]:
@@ -87,6 +91,33 @@ class WanProbe(FeatureProbe):
         return (self.block.norm1(hidden.float()) * (1 + scale) + shift).type_as(hidden)
 
 
+def wrap_clip_vision(model: torch.nn.Module, node: Node) -> torch.nn.Module:
+    """CLIPVisionModel as WanImageToVideoPipeline.encode_image calls it: every layer's hidden
+    states returned (output_hidden_states=True), the outputs' selects reading them
+    ("hidden_states.-2": the penultimate layer's)."""
+    from difflet.codegen.program_module import ProgramModule, _select
+
+    class HiddenStates(ProgramModule):
+        def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            result = self.model(**dict(zip(self.input_names, inputs, strict=True)), output_hidden_states=True)
+            return tuple(_select(result, sel) for sel in self.selects)
+
+    return HiddenStates(model, node)
+
+
+def write_image_processor(comp: Node, config: dict, dest) -> dict:
+    """The tiny checkpoint's image_processor/: CLIPImageProcessor's defaults (the hub I2V
+    checkpoints' own: OpenAI CLIP mean/std, bicubic) at the encoder's image_size, and the
+    model_index.json entries naming it and WanImageToVideoPipeline (a CLIP vision encoder is
+    only an image-to-video checkpoint's)."""
+    from transformers import CLIPImageProcessor
+
+    size = int(config.get("image_size", 224))
+    CLIPImageProcessor(size={"shortest_edge": size}, crop_size={"height": size, "width": size}
+                       ).save_pretrained(str(dest / IMAGE_PROCESSOR))
+    return {IMAGE_PROCESSOR: ["transformers", "CLIPImageProcessor"], "_class_name": "WanImageToVideoPipeline"}
+
+
 def _wan_split_processor(*args):
     # imported when a split is built: it pulls in torch.distributed, which unsplit programs never need
     from difflet.families.wan.attention import WanSplitAttnProcessor
@@ -105,5 +136,8 @@ CLASSES = {
         probe=ProbeDecl(inputs=("hidden_states", "timestep"), build=WanProbe),
         blocks=BlockDecl(stacks=("blocks",), outputs=("hidden_states",), tail=("hidden_states",))),
     "transformers.UMT5EncoderModel": ClassDecl(wrapper=wrap_umt5),
+    # image-to-video's image encoder; its host step reads the pipeline's CLIPImageProcessor
+    "transformers.CLIPVisionModel": ClassDecl(wrapper=wrap_clip_vision, write_extras=write_image_processor,
+                                              host_folders=(IMAGE_PROCESSOR,)),
     "diffusers.AutoencoderKLWan": ClassDecl(wrapper=wrap_vae, branch_inputs=("first",)),
 }

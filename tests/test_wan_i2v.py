@@ -1,0 +1,108 @@
+"""Wan 2.1 image-to-video (models/wan2.1-tiny-i2v.dsl) served equal to diffusers'
+WanImageToVideoPipeline from the same random:0 checkpoint, input image, prompt, seed and steps, in
+process (the Python API) and through a real difflet-runtime (gRPC and POST /v1/videos with the
+`openai` package's `input_reference`, served lossless).
+
+Oracles: the reference pipeline, called as its documented example calls it (the image already
+at the output size, so its CLIPImageProcessor and VideoProcessor see the very pixels Difflet's
+do), every frame under the closeness rule of tests/oracle_util.py, and its transformer calls
+counted by a forward hook. Between the fronts of one server the frames must be identical: they
+run the same programs on the same decoded pixels.
+"""
+from __future__ import annotations
+
+import base64
+import io
+
+import av
+import numpy as np
+import openai
+import pytest
+import torch
+from PIL import Image
+
+from conftest import REPO
+from difflet.runtime import client as grpc_client
+from difflet.runtime.demo import stop_server
+from http_util import call_json, start_http_server
+from oracle_util import assert_images_close, compile_art, planned_tiny, random_checkpoint
+
+PROMPT = "a red fox running through the snow"
+SEED, STEPS, FRAMES, SIZE = 3, 4, 9, 32  # the tiny profile's frames and size
+
+
+def png(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(array).save(buf, "PNG")
+    return buf.getvalue()
+
+
+_y, _x = np.mgrid[0:SIZE, 0:SIZE]
+INPUT = png(np.stack([_x * 8, _y * 7, (_x * _y) % 256], -1).astype(np.uint8))
+INPUT_2 = png(np.stack([255 - _y * 8, (_x * 3 + _y * 5) % 256, _x * 4], -1).astype(np.uint8))
+
+
+@pytest.fixture(scope="module")
+def art(tmp_path_factory):
+    """(ART dir, checkpoint) of the tiny image-to-video description."""
+    module = planned_tiny(REPO / "models" / "wan2.1-tiny-i2v.dsl")
+    ckpt = random_checkpoint(module)
+    return compile_art(module, ckpt, tmp_path_factory.mktemp("wan-i2v")), ckpt
+
+
+def reference(ckpt, image: bytes = INPUT, calls: list | None = None) -> np.ndarray:
+    """WanImageToVideoPipeline's uint8 frames [F, H, W, 3] (load_image input, as its docs call it)."""
+    from diffusers import WanImageToVideoPipeline
+    from diffusers.pipelines.wan import pipeline_wan, pipeline_wan_i2v
+    from diffusers.utils import load_image
+
+    # diffusers 0.42's I2V basic_clean calls ftfy even when it is not installed (NameError);
+    # WanPipeline's, the same cleaning with ftfy skipped when absent, is what Difflet matches
+    pipeline_wan_i2v.prompt_clean = pipeline_wan.prompt_clean
+    pipe = WanImageToVideoPipeline.from_pretrained(str(ckpt))
+    pipe.set_progress_bar_config(disable=True)
+    if calls is not None:
+        pipe.transformer.register_forward_hook(lambda *_: calls.append(1))
+    frames = pipe(image=load_image(Image.open(io.BytesIO(image))), prompt=PROMPT, height=SIZE, width=SIZE,
+                  num_frames=FRAMES, num_inference_steps=STEPS, guidance_scale=5.0, max_sequence_length=512,
+                  generator=torch.Generator("cpu").manual_seed(SEED), output_type="np").frames[0]
+    return (frames * 255).round().astype("uint8")
+
+
+class Counted:
+    """A program wrapper counting its calls."""
+
+    def __init__(self, program) -> None:
+        self.program, self.calls = program, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.program(*args, **kwargs)
+
+
+def test_python_api_equals_the_reference_pipeline_with_its_transformer_calls(art):
+    from difflet import DiffletPipeline
+
+    path, ckpt = art
+    pipe = DiffletPipeline.from_artifacts(path)
+    env = pipe.runner.env
+    counts = {name: Counted(env.programs[name]) for name in ("transformer", "image_encoder", "vae_encoder")}
+    env.programs.update(counts)
+    outs = {}
+    for image in (INPUT, INPUT_2):
+        before = {n: c.calls for n, c in counts.items()}
+        video = pipe(PROMPT, image=Image.open(io.BytesIO(image)), num_inference_steps=STEPS, seed=SEED,
+                     output_type="np").frames[0]
+        got = (np.stack(video) * 255).round().astype("uint8")
+        calls: list = []
+        ref = reference(ckpt, image, calls)
+        assert got.shape == ref.shape == (FRAMES, SIZE, SIZE, 3)
+        assert_images_close(got, ref, "wan i2v video")
+        # true CFG: two transformer calls per step; one CLIP and one whole-clip VAE encode
+        assert counts["transformer"].calls - before["transformer"] == len(calls) == 2 * STEPS
+        assert {n: counts[n].calls - before[n] for n in ("image_encoder", "vae_encoder")} == \
+            {"image_encoder": 1, "vae_encoder": 1}
+        outs[image] = got
+    # the image matters (not a vacuous match): another image, another video
+    assert np.abs(outs[INPUT].astype(int) - outs[INPUT_2].astype(int)).mean() > 1
+    pipe.close()
