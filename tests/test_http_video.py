@@ -144,6 +144,18 @@ def test_the_openai_package_video_routes(server):
     assert err.value.param == "num_inference_steps"
 
 
+def test_a_text_to_video_model_refuses_input_reference_by_its_name(server):
+    """Image-to-video is its own served profile (models/wan2.1-tiny-i2v.dsl, tests/test_wan_i2v.py)."""
+    import base64
+
+    _, http_address = server
+    png = base64.b64encode(b"\x89PNG\r\n\x1a\n").decode()
+    status, err = call_json(http_address, "POST", "/v1/videos",
+                            {"prompt": PROMPT, "input_reference": f"data:image/png;base64,{png}"})
+    assert status == 400 and err["error"]["param"] == "input_reference", err
+    assert "takes no input image" in err["error"]["message"]
+
+
 def test_content_store_retention_and_disk_bound(tmp_path):
     evicted, gone = [], threading.Event()
 

@@ -106,3 +106,58 @@ def test_python_api_equals_the_reference_pipeline_with_its_transformer_calls(art
     # the image matters (not a vacuous match): another image, another video
     assert np.abs(outs[INPUT].astype(int) - outs[INPUT_2].astype(int)).mean() > 1
     pipe.close()
+
+
+def decode(mp4: bytes) -> np.ndarray:
+    with av.open(io.BytesIO(mp4)) as container:
+        return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(container.streams.video[0])])
+
+
+@pytest.fixture(scope="module")
+def server(art):
+    proc, grpc_address, http_address = start_http_server(art[0], "--lossless-video")
+    yield grpc_address, http_address
+    assert stop_server(proc) == 0
+
+
+def _video(http_address: str, job_id: str) -> np.ndarray:
+    from http_util import sse
+
+    *_, last = sse(http_address, "GET", f"/v1/videos/{job_id}/events")  # waits for the end
+    assert last["status"] == "completed", last
+    oai = openai.OpenAI(base_url=f"http://{http_address}/v1", api_key="none-needed", max_retries=0)
+    return decode(oai.videos.download_content(job_id).content)
+
+
+def test_openai_videos_create_with_input_reference_equals_grpc_and_the_reference(server, art):
+    """The openai package's multipart `input_reference` and a JSON data URL: the same frames
+    as the gRPC reply for the same request (lossless MP4), and the reference's."""
+    grpc_address, http_address = server
+    oai = openai.OpenAI(base_url=f"http://{http_address}/v1", api_key="none-needed", max_retries=0)
+    extra = {"seed": SEED, "num_inference_steps": STEPS}
+    job = oai.videos.create(model="wan21_tiny_i2v", prompt=PROMPT, size=f"{SIZE}x{SIZE}",
+                            input_reference=("in.png", INPUT, "image/png"), extra_body=extra)
+    got = _video(http_address, job.id)
+    reply = grpc_client.generate(grpc_address, PROMPT, SEED, steps=STEPS, image=INPUT, timeout=300)
+    assert reply.denoiser_calls == STEPS  # steps that ran the denoiser (two CFG passes each: counted above)
+    want = decode(reply.mp4)
+    assert got.shape == (FRAMES, SIZE, SIZE, 3) and np.array_equal(got, want)
+    assert_images_close(got, reference(art[1]), "served i2v video")
+    url = "data:image/png;base64," + base64.b64encode(INPUT).decode()
+    status, job = call_json(http_address, "POST", "/v1/videos", {"prompt": PROMPT, "input_reference": url, **extra})
+    assert status == 200, job
+    assert np.array_equal(_video(http_address, job["id"]), want)
+
+
+def test_a_second_image_compiles_nothing_and_bad_references_are_refused_by_field(server):
+    grpc_address, http_address = server
+    reply = grpc_client.generate(grpc_address, PROMPT, SEED, steps=2, image=INPUT_2, timeout=300)
+    assert decode(reply.mp4).shape == (FRAMES, SIZE, SIZE, 3)
+    serving = grpc_client.get_profile(grpc_address, timeout=30).serving
+    assert serving.processes and all(p.compiles == 0 for p in serving.processes)
+    for value, says in (("https://example.com/a.png", "data URL"), ("data:image/png,abc", "base64"),
+                        ("data:image/png;base64,!!", "damaged"), (None, "needs an input image"),
+                        ("data:image/png;base64," + base64.b64encode(b"not an image").decode(), "")):
+        body = {"prompt": PROMPT, **({} if value is None else {"input_reference": value})}
+        status, err = call_json(http_address, "POST", "/v1/videos", body)
+        assert status == 400 and err["error"]["param"] == "input_reference" and says in err["error"]["message"], err

@@ -8,10 +8,13 @@ Invariants:
   "steps" must not be silently ignored; OpenAI's presentation-only fields in IGNORED are accepted
   and have no effect), `model`, the `size` text ("WxH"), `seed`'s type (absent = a fresh random
   seed per image, reported back in each reply item; image i of n takes seed + i), the reply
-  options, a video's `fps` (the model's) and `seconds` (a frame count at that rate).
+  options, a video's `fps` (the model's) and `seconds` (a frame count at that rate), and a
+  video's `input_reference` (one file part, or a base64 data URL: never fetched) as `image`.
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 import secrets
@@ -34,7 +37,11 @@ IMAGE_FIELDS = COMMON + ("n", "response_format", "output_format", "stream") + IG
 EDIT_FILES = ("image", "image[]", "mask")
 EDIT_FIELDS = IMAGE_FIELDS + EDIT_FILES + ("input_fidelity",)
 EDIT_SPELLED = {"mask_image": "mask"}
-VIDEO_FIELDS = COMMON + tuple(HTTP_NAME[f] for f in VIDEO_ONLY) + ("seconds", "fps") + IGNORED
+# POST /v1/videos: OpenAI's `input_reference` (the openai package sends a file part) is the
+# request's `image`, the first frame of an image-to-video model
+VIDEO_FILES = ("input_reference",)
+VIDEO_FIELDS = COMMON + tuple(HTTP_NAME[f] for f in VIDEO_ONLY) + ("seconds", "fps") + VIDEO_FILES + IGNORED
+DATA_URL = "data:"
 
 FORM_INTS = ("n", *(HTTP_NAME[f.name] for f in FIELDS if f.kind is int and HTTP_NAME.get(f.name, "size") != "size"))
 FORM_NUMBERS = ("fps", "timeout", *(HTTP_NAME[f.name] for f in FIELDS if f.kind is float and f.name in HTTP_NAME))
@@ -87,7 +94,7 @@ class _Parts:
 def form_fields(content_type: str, raw: bytes, files: tuple[str, ...] = ()) -> dict[str, Any]:
     """A multipart/form-data body (python-multipart) -> the JSON-shaped dict (numbers parsed by
     field name); a part named in `files` (a file or not) -> the list of its parts' bytes; any
-    other file part is refused (OpenAI's `input_reference`: image-to-video is not served)."""
+    other file part is refused."""
     from python_multipart.exceptions import FormParserError
     from python_multipart.multipart import MultipartParser, parse_options_header
 
@@ -217,16 +224,44 @@ def edit_request(body: Any, info) -> tuple[dict[str, Any], dict[str, Any]]:
     return fields, opts
 
 
+def input_reference(value: Any) -> bytes | None:
+    """A video body's `input_reference` -> the image file's bytes: one multipart part (a file,
+    or a text part holding a data URL), or a JSON string `data:<type>;base64,<data>`."""
+    if value is None:
+        return None
+    if isinstance(value, list) and all(isinstance(v, bytes) for v in value):  # multipart parts
+        if len(value) != 1:
+            raise bad_field("input_reference", f"{len(value)} parts given; send one image")
+        value = value[0]
+        if not value.startswith(DATA_URL.encode()):
+            return value
+        value = value.decode("ascii", "replace")
+    if not isinstance(value, str) or not value.startswith(DATA_URL):
+        raise bad_field("input_reference", "must be an image file part or a data URL "
+                                           "(data:image/png;base64,...); URLs and file ids are not fetched")
+    head, comma, data = value.partition(",")
+    if not comma or not head.endswith(";base64"):
+        raise bad_field("input_reference", "a data URL must be base64: data:<type>;base64,<data>")
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise bad_field("input_reference", "the data URL's base64 is damaged") from None
+
+
 def video_request(body: Any, info, fps: float) -> tuple[dict[str, Any], dict[str, str]]:
     """(Admission.admit values without request_id, {field: body field} for a field set from
-    another body field) of a `POST /v1/videos` body; `seconds` sets the frame count at `fps`."""
+    another body field) of a `POST /v1/videos` body; `seconds` sets the frame count at `fps`;
+    `input_reference` is the request's `image` (decoded and checked by admission)."""
     fields = _common(body, info, VIDEO_FIELDS)
+    image = input_reference(body.get("input_reference"))
+    fields["image"] = None if image is None else [image]
+    spelled = {"image": "input_reference"}
     rate = _number(body, "fps")
     if rate is not None and rate != fps:
         raise bad_field("fps", f"{rate:g} is not served: this model writes {fps:g} fps")
     seconds = _type(body, "seconds", (str, int, float), "a number of seconds")
     if seconds is None:
-        return fields, {}
+        return fields, spelled
     try:
         value = float(seconds)
     except ValueError:
@@ -239,4 +274,4 @@ def video_request(body: Any, info, fps: float) -> tuple[dict[str, Any], dict[str
         raise bad_field("seconds", f"{seconds} is not {HTTP_NAME['frames']} {given} at {fps:g} fps "
                                    f"({given / fps:g} s)")
     fields["frames"] = frames
-    return fields, {} if given is not None else {"frames": "seconds"}
+    return fields, spelled if given is not None else {**spelled, "frames": "seconds"}

@@ -59,7 +59,11 @@ def _http_fields(api, kind: str) -> dict[str, Any]:
     else:
         props.update(seconds={"anyOf": [{"type": "string"}, {"type": "number"}],
                               "description": "the video length (a frame count at the model's fps)"},
-                     fps={"type": "number", "enum": [api.fps]})
+                     fps={"type": "number", "enum": [api.fps]},
+                     input_reference={"anyOf": [{"type": "string", "format": "binary"},
+                                                {"type": "string", "pattern": "^data:"}],
+                                      "description": "image-to-video: the first frame, a PNG, JPEG or WebP "
+                                                     "file part or a base64 data URL"})
     allowed = (*{"image": F.IMAGE_FIELDS, "edit": F.EDIT_FIELDS}.get(kind, F.VIDEO_FIELDS), "timeout")
     assert set(props) == set(allowed), set(props) ^ set(allowed)  # the spec is what fields.py reads
     return props

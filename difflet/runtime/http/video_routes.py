@@ -11,8 +11,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from difflet.runtime.http import fields as F
 from difflet.runtime.http import openapi
 from difflet.runtime.http.errors import ApiError
-from difflet.runtime.http.plumbing import (SSE_HEADERS, Wake, endpoint, get, in_thread, owner, parse,
-                                           read_body, sse_line, submit)
+from difflet.runtime.http.plumbing import (MAX_BODY, SSE_HEADERS, Wake, endpoint, get, in_thread, owner,
+                                           parse, read_body, sse_line, submit)
+from difflet.runtime.validate import profile_images
 
 KEEP_ALIVE_S = 15.0  # an SSE comment at least this often, so proxies keep the stream open
 
@@ -25,7 +26,9 @@ def add_video_routes(app, api) -> None:
         if not api.frames:
             raise ApiError(400, f"model: {api.model_id!r} is an image model; use POST "
                                 f"/v1/images/generations", param="model", code="wrong_route")
-        body = await read_body(request)
+        # an image-to-video body carries its image: the admission's bound, 4/3 for a base64 data URL
+        limit = 4 * api.admission.max_message // 3 if profile_images(api.info.profile)[0] else MAX_BODY
+        body = await read_body(request, limit, F.VIDEO_FILES)
         timeout = parse(api, F.timeout, body)
         fields, spelled = parse(api, F.video_request, body, api.info, api.fps)
         job, _ = await submit(api, request, fields, api.new_id("video"), timeout, spelled)
