@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 REAL_SIZE = ("flux", "flux-schnell", "qwen-image", "wan2.1", "hunyuan-video", "ltx2")
 # image-input profiles (issue 29): their base description plus a VAE encoder program
 IMAGE_INPUT = {"flux-img2img": "flux", "flux-inpaint": "flux", "qwen-image-img2img": "qwen-image",
-               "qwen-image-inpaint": "qwen-image", "wan2.1-i2v": "wan2.1"}
+               "qwen-image-inpaint": "qwen-image", "wan2.1-i2v": "wan2.1", "flux-kontext": "flux"}
 
 
 def test_the_real_size_list_is_every_description_that_is_not_a_toy():
@@ -102,6 +102,21 @@ def test_an_image_input_profile_adds_only_a_vae_encoder_which_passes(lowered, na
     for target in ("cpu", "trn2"):
         res = _check(ir, target, "--component", "vae_encoder")
         assert res.exit_code == 0 and not _errors(res.output) and "ok vae_encoder" in res.output, res.output
+
+
+@pytest.mark.slow
+def test_flux_kontext_adds_a_vae_encoder_and_joins_the_image_tokens_which_pass(lowered):
+    """flux-kontext is flux's classes and configs; its transformer takes the image's 4096 tokens
+    beside the output's (a shape only), so the VAE encoder and that transformer are checked."""
+    base, _ = lowered("flux")
+    module, ir = lowered("flux-kontext")
+    keys = ("class", "config", "dtype", "entry")
+    assert [c.name for c in module.components() if c.name != "vae_encoder"] == [c.name for c in base.components()]
+    assert all(module.component(c.name).attrs.get(k) == c.attrs.get(k) for c in base.components() for k in keys)
+    for target in ("cpu", "trn2"):
+        res = _check(ir, target, "--component", "vae_encoder", "--component", "transformer")
+        assert res.exit_code == 0 and not _errors(res.output), res.output
+        assert "ok vae_encoder" in res.output and "ok transformer" in res.output, res.output
 
 
 @pytest.mark.slow

@@ -65,7 +65,8 @@ def arts(tmp_path_factory):
 
     def get(mode):
         if mode not in out:
-            module = planned_tiny(REPO / "models" / f"{PROFILES[mode][0]}.dsl")
+            dsl = "flux-tiny-kontext" if mode == "kontext" else PROFILES[mode][0]
+            module = planned_tiny(REPO / "models" / f"{dsl}.dsl")
             ckpt = random_checkpoint(module)
             out[mode] = (compile_art(module, ckpt, tmp_path_factory.mktemp(mode)), ckpt)
         return out[mode]
@@ -126,6 +127,50 @@ def test_python_api_equals_the_reference_pipeline_at_two_strengths_with_referenc
         run = steps - int(steps - steps * strength)
         assert counts["transformer"].calls - before["transformer"] == len(calls) == passes * run
         assert counts["vae_encoder"].calls - before["vae_encoder"] == 1
+    pipe.close()
+
+
+def test_kontext_editing_equals_the_reference_and_refuses_an_image_the_pipeline_sizes_otherwise(arts):
+    """FLUX.1 Kontext: the image's latents join the visual tokens at every step (compiled at the
+    image's own size). The reference runs with _auto_resize=False, what the tiny profile declares
+    (the preferred resolutions are ~1 MP), and max_area = the output's area (its default, 1024^2,
+    would resize a 32x32 output)."""
+    import diffusers
+    from diffusers.utils import load_image
+
+    from difflet import DiffletPipeline
+    from difflet.errors import DiffletError
+
+    art, ckpt = arts("kontext")
+    pipe = DiffletPipeline.from_artifacts(art)
+    count = Counted(pipe.runner.env.programs["transformer"])
+    pipe.runner.env.programs["transformer"] = count
+    # 35x34: floored to the pipeline's multiple of 4 it is the compiled 32x32, resized (lanczos) to it
+    source = png(np.stack([_x[:34, :35] * 7, _y[:34, :35] * 7, (_x * _y)[:34, :35] % 256], -1).astype(np.uint8))
+    got = np.asarray(pipe(PROMPT, image=source, num_inference_steps=STEPS, seed=SEED).images[0])
+    ref_pipe = diffusers.FluxKontextPipeline.from_pretrained(str(ckpt))
+    ref_pipe.set_progress_bar_config(disable=True)
+    calls: list = []
+    ref_pipe.transformer.register_forward_hook(lambda *_: calls.append(1))
+    def reference_edit(image: bytes) -> np.ndarray:
+        out = ref_pipe(image=load_image(Image.open(io.BytesIO(image))), prompt=PROMPT, guidance_scale=3.5, height=32,
+                       width=32, max_area=32 * 32, _auto_resize=False, num_inference_steps=STEPS,
+                       max_sequence_length=32, generator=torch.Generator("cpu").manual_seed(SEED),
+                       output_type="np").images[0]
+        return (out * 255).round().astype("uint8")
+
+    assert_images_close(got, reference_edit(source), "kontext")
+    assert count.calls == len(calls) == STEPS
+    # another image changes the edit (its tokens are read: on random tiny weights only slightly,
+    # so the new output is held to the reference's for that image), and one the pipeline would
+    # size to 40x48 is refused before anything runs
+    square = png(np.asarray(Image.open(io.BytesIO(INPUT)).convert("RGB"))[:32, :32].copy())
+    moved = np.asarray(pipe(PROMPT, image=square, num_inference_steps=STEPS, seed=SEED).images[0])
+    assert not np.array_equal(moved, got)
+    assert_images_close(moved, reference_edit(square), "kontext, another image")
+    with pytest.raises(DiffletError) as err:
+        pipe(PROMPT, image=INPUT, num_inference_steps=STEPS, seed=SEED)
+    assert err.value.where == "image" and "sizes this 40x48 image to 40x48" in err.value.message
     pipe.close()
 
 

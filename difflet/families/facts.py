@@ -63,6 +63,9 @@ class FamilyFacts:
     # others (LTX-2's audio latent frames from the frame count); applied unless given as overrides
     derived_profile: Callable[[Mapping[str, Any], Mapping[str, Mapping[str, Any]]], Mapping[str, Any]] = \
         lambda profile, configs: {}
+    # (width, height) sizes an input image snaps to by aspect ratio, in a profile that compiles
+    # the image at its own size (`image_width`/`image_height`) with `image_auto_resize = true`
+    input_sizes: tuple[tuple[int, int], ...] = ()
 
 
 def steps(module):

@@ -68,10 +68,14 @@ def check_denoiser(src: Source, comp: ast.ComponentDecl, config: Attrs | None,
         if h % ps or w % ps:
             raise src.error(f"profile {h}x{w} is not a multiple of {ps} pixels per latent token",
                             latent.span)
-        want = (h // ps) * (w // ps)
+        want, implied = (h // ps) * (w // ps), f"(height/{ps})*(width/{ps})"
+        if isinstance(profile.get("image_width"), int) and isinstance(profile.get("image_height"), int):
+            # an input image compiled at its own size joins the visual tokens (FLUX.1 Kontext)
+            want += (profile["image_height"] // ps) * (profile["image_width"] // ps)
+            implied += f" + (image_height/{ps})*(image_width/{ps})"
         if latent_shape[1] != want:
             raise src.error(f"denoiser latent input {latent.name!r} has {latent_shape[1]} tokens but "
-                            f"the profile implies (height/{ps})*(width/{ps}) = {want}", latent.span)
+                            f"the profile implies {implied} = {want}", latent.span)
     for decl, shape in inputs:
         if decl.name == "encoder_hidden_states":
             _check_text(src, decl, shape, cfg, profile)

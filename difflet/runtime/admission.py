@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from difflet.errors import DiffletError
-from difflet.families import uses_negative_prompt
+from difflet.families import facts_of, uses_negative_prompt
 from difflet.runtime.prompt_text import PromptLengths, Truncation
 from difflet.runtime.images import ImageLimits
 from difflet.runtime.request import MAX_PROMPT_CHARS, Request
@@ -69,6 +69,7 @@ class Admission:
         self.token_limit, self.limit_encoder = text_limit(info.module)
         self.lengths = PromptLengths(info.module, Path(info.root) / info.manifest.host)
         self.negative_reaches_encoders = uses_negative_prompt(info.module)
+        self.input_sizes = facts_of(info.module).input_sizes
 
     def prompt_tokens(self, prompt: str) -> int:
         """Tokens the limiting encoder's tokenizer makes of the bare `prompt`, special tokens included."""
@@ -89,7 +90,7 @@ class Admission:
         """(the resolved request, truncations to report) of field values (None = not given);
         raises DiffletError naming the field."""
         request = resolve_request(self.profile, self.sizes, self.adapters, self.calibrations,
-                                  image_limits=self.image_limits, **values)
+                                  image_limits=self.image_limits, input_sizes=self.input_sizes, **values)
         if self.prompt_policy == "strict" and self.limit_encoder:
             n = self.prompt_tokens(request.prompt)
             if n > self.token_limit:

@@ -37,6 +37,7 @@ from typing import Any, Callable, Mapping
 
 from difflet.codegen.manifest import Manifest
 from difflet.errors import DiffletError
+from difflet.families import facts_of
 from difflet.ir.nodes import Module
 from difflet.runtime.images import warm_up_inputs
 from difflet.runtime.media import encode_output
@@ -166,7 +167,8 @@ class ModelRunner:
     def resolve(self, **values: Any) -> GenerateParams:
         """Validate a request's field values (None = not given; `cache` unset = the server's
         default mode) against the served sizes; errors name the field."""
-        return self.admitted(resolve_request(self.env.profile, tuple(self.envs), self.adapters, **values))
+        return self.admitted(resolve_request(self.env.profile, tuple(self.envs), self.adapters,
+                                             input_sizes=facts_of(self.module).input_sizes, **values))
 
     def admitted(self, request: Request) -> GenerateParams:
         """A request already validated against these served sizes, with its step-cache plan

@@ -13,8 +13,10 @@ Invariants:
   process never needs the server's load scales.
 - Input images follow the profile: `images = N` (an image-input profile: 1 to N images
   required), `mask = true` (inpainting: a mask of the image's size required), `strength = S`
-  (the default strength; a profile without one takes none). They are decoded once and resized to
-  the resolved size here (runtime/images.py), so the model process gets `Pixels` it uses as is.
+  (the default strength; a profile without one takes none), `image_width`/`image_height` (the
+  image compiled at its own size, which the reference must give it; else at the output size).
+  They are decoded once and resized here (runtime/images.py), so the model process gets
+  `Pixels` it uses as is.
 - The result has every default resolved: it is what the model process runs, unchecked again.
 """
 from __future__ import annotations
@@ -156,7 +158,7 @@ def profile_images(profile: Mapping[str, Any]) -> tuple[int, bool, float | None]
 
 
 def _media(profile: Mapping[str, Any], request: Request, image: Any, mask_image: Any,
-           limits: ImageLimits | None, sizes: Sequence[str]) -> dict[str, Any]:
+           limits: ImageLimits | None, sizes: Sequence[str], input_sizes: Sequence[tuple[int, int]]) -> dict[str, Any]:
     """The request's image fields and strength, checked against the profile, decoded and fitted."""
     most, needs_mask, default_strength = profile_images(profile)
     images = as_list(image)
@@ -178,7 +180,11 @@ def _media(profile: Mapping[str, Any], request: Request, image: Any, mask_image:
     if limits is None:
         limits = ImageLimits.for_sizes(_areas(profile, sizes))
     loaded = [load(x, "image" if len(images) == 1 else f"image[{i}]", limits) for i, x in enumerate(images)]
-    out: dict[str, Any] = {"image": tuple(fit(x, request.width, request.height, "RGB") for x in loaded)}
+    size = [(request.width, request.height)] * len(loaded)
+    if "image_width" in profile:  # the image is compiled at its own size (FLUX.1 Kontext)
+        size = [_input_size(profile, x, input_sizes, "image" if len(images) == 1 else f"image[{i}]")
+                for i, x in enumerate(loaded)]
+    out: dict[str, Any] = {"image": tuple(fit(x, w, h, "RGB") for x, (w, h) in zip(loaded, size))}
     if default_strength is not None:
         out["strength"] = default_strength if request.strength is None else request.strength
     if mask_image is not None:
@@ -188,6 +194,26 @@ def _media(profile: Mapping[str, Any], request: Request, image: Any, mask_image:
                                       f"{loaded[0].width}x{loaded[0].height} (width x height)")
         out["mask_image"] = fit(mask, request.width, request.height, "L")
     return out
+
+
+def _input_size(profile: Mapping[str, Any], image, input_sizes: Sequence[tuple[int, int]], field: str) -> tuple[int, int]:
+    """The compiled input-image size, when the reference pipeline gives `image` that size (as
+    FluxKontextPipeline: its own size floored to `image_multiple`, snapped to the preferred size
+    nearest its aspect ratio under `image_auto_resize`); else a DiffletError naming `field`."""
+    multiple = int(profile.get("image_multiple", 16))
+    width, height = (x - x % multiple for x in image.size)
+    if width < multiple or height < multiple:
+        raise _fail(field, f"{image.width}x{image.height} is smaller than {multiple}x{multiple}")
+    if profile.get("image_auto_resize", False) and input_sizes:
+        _, width, height = min((abs(width / height - w / h), w, h) for w, h in input_sizes)
+        width, height = width // multiple * multiple, height // multiple * multiple
+    compiled = (int(profile["image_width"]), int(profile["image_height"]))
+    if (width, height) != compiled:
+        how = "the preferred size nearest its aspect ratio" if profile.get("image_auto_resize", False) else \
+            f"its size floored to a multiple of {multiple}"
+        raise _fail(field, f"the reference pipeline sizes this {image.width}x{image.height} image to {width}x{height} "
+                           f"({how}); this server compiles the input image at {compiled[0]}x{compiled[1]}")
+    return compiled
 
 
 def _mode(profile: Mapping[str, Any]) -> str:
@@ -205,12 +231,14 @@ def _areas(profile: Mapping[str, Any], sizes: Sequence[str]) -> list[int]:
 
 def resolve_request(profile: Mapping[str, Any], sizes: Sequence[str] = (), adapters: Mapping[str, float] | None = None,
                     calibrations: Mapping[str, str] | None = None, image: Any = None, mask_image: Any = None,
-                    image_limits: ImageLimits | None = None, **values: Any) -> Request:
+                    image_limits: ImageLimits | None = None, input_sizes: Sequence[tuple[int, int]] = (),
+                    **values: Any) -> Request:
     """Check one request (field values; None = not given) against `profile`, the served `sizes`
     of a bucketed artifact, the loaded LoRA `adapters` (name -> load scale) and the configured
     `calibrations` (check_cache_mode), and fill defaults; raises DiffletError naming the field.
     `image` (one or a list) and `mask_image`: encoded image bytes or PIL images, bounded by
-    `image_limits` (default: sized for the served sizes)."""
+    `image_limits` (default: sized for the served sizes); `input_sizes`: the family's preferred
+    input sizes (FamilyFacts.input_sizes) of a profile compiling the image at its own size."""
     request = check(values)
     if len(sizes) > 1:
         height, width, frames = _bucket_size(request.height, request.width, request.frames, profile, sizes)
@@ -218,7 +246,7 @@ def resolve_request(profile: Mapping[str, Any], sizes: Sequence[str] = (), adapt
         height, width = _size("height", request.height, profile), _size("width", request.width, profile)
         frames = _frames(request.frames, profile)
     request = msgspec.structs.replace(request, height=height, width=width)
-    media = _media(profile, request, image, mask_image, image_limits, sizes)
+    media = _media(profile, request, image, mask_image, image_limits, sizes, input_sizes)
     steps = int(profile["steps"]) if request.steps is None else request.steps
     if "strength" in media and steps_run(steps, media["strength"]) < 1:
         raise _fail("strength", f"{media['strength']:g} of {steps} steps leaves no step to run (as in the "

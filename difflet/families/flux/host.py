@@ -39,9 +39,11 @@ from difflet.runtime.host.env import HostEnv, RequestState
 
 @lru_cache(maxsize=16)
 def rope_tables(axes_dim: tuple[int, ...], rows: int, cols: int, text_len: int, img_dtype: torch.dtype,
-                txt_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(img_rope [rows * cols, 2D], txt_rope [text_len, 2D]) float32, cos | sin (module docstring);
-    cached per shape, so callers must not modify them."""
+                txt_dtype: torch.dtype, context: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(img_rope [rows * cols (+ context tokens), 2D], txt_rope [text_len, 2D]) float32, cos | sin
+    (module docstring); `context`: a Kontext input image's packed grid, whose ids follow the
+    latents' with their first coordinate 1 (FluxKontextPipeline.prepare_latents). Cached per
+    shape, so callers must not modify them."""
     from diffusers import FluxPipeline
     from diffusers.models.transformers.transformer_flux import FluxPosEmbed
 
@@ -49,6 +51,10 @@ def rope_tables(axes_dim: tuple[int, ...], rows: int, cols: int, text_len: int, 
     pos_embed = FluxPosEmbed(theta=10000, axes_dim=list(axes_dim))
     # the ids FluxPipeline passes (pipeline_flux.py prepare_latents / encode_prompt), in its dtypes
     img_ids = FluxPipeline._prepare_latent_image_ids(1, rows, cols, torch.device("cpu"), img_dtype)
+    if context is not None:
+        image_ids = FluxPipeline._prepare_latent_image_ids(1, *context, torch.device("cpu"), img_dtype)
+        image_ids[..., 0] = 1
+        img_ids = torch.cat([img_ids, image_ids], dim=0)
     txt_ids = torch.zeros(text_len, 3).to(device=torch.device("cpu"), dtype=txt_dtype)
     tables = []
     for ids in (img_ids, txt_ids):
@@ -106,13 +112,23 @@ def encode_image(env: HostEnv, step: Node, state: RequestState) -> None:
     if not params.image:
         raise DiffletError("this model's schedule encodes an input image, and the request has none",
                            where="image")
+    use = step.attrs.get("use", "start")
+    if use not in ("start", "context"):
+        raise DiffletError(f"flux.encode_image: use is 'start' (img2img, inpaint) or 'context' (Kontext), "
+                           f"not {use!r}", where=step.loc)
     channels, height, width = packed_latent_geometry(env.module, env.profile, params.height, params.width)
     factor, latent_channels = 2 * vae_scale(env.module, env.profile), class_config_value(vae, "latent_channels")
     dtype = state.values["encoder_hidden_states"].dtype  # the pipeline casts the image to prompt_embeds'
-    image = preprocess_image(state, factor, latent_channels).to(dtype)
+    pixels = params.image[0]
+    image = preprocess_image(state, factor, latent_channels, pixels.width, pixels.height).to(dtype)
     moments = next(iter(env.invoke(vae_name, **{vae.find(Op.INPUT)[0].name: image}).values()))
     scaling, shift = (class_config_value(vae, k) for k in ("scaling_factor", "shift_factor"))
-    latents = (sample_latents(moments, state) - shift) * scaling
+    # Kontext reads the image's mean (sample_mode "argmax"): no draw from the generator
+    latents = (sample_latents(moments, state, "argmax" if use == "context" else "sample") - shift) * scaling
+    if use == "context":  # appended to the denoiser's visual tokens at every step
+        state.values["context_latents"] = pack_latents(latents.to(dtype))
+        state.values["context_grid"] = (latents.shape[2] // 2, latents.shape[3] // 2)
+        return
     state.values["image_latents"] = pack_latents(latents.to(dtype))
     if params.mask_image is not None:
         state.values["latent_mask"] = packed_mask(state, factor, latent_channels, channels, height, width, dtype)
@@ -138,8 +154,9 @@ def timesteps_for(scheduler, num_steps: int, image_seq_len: int) -> torch.Tensor
 def denoiser_inputs(state: RequestState, latents: torch.Tensor, t: torch.Tensor) -> dict:
     """The transformer's inputs for step timestep `t` by IR name (the probe reads the same)."""
     values = state.values
+    context = values.get("context_latents")
     return dict(
-        hidden_states=latents,
+        hidden_states=latents if context is None else torch.cat([latents, context], dim=1),
         encoder_hidden_states=values["encoder_hidden_states"],
         pooled_projections=values["pooled_projections"],
         timestep=t.expand(latents.shape[0]).to(latents.dtype) / 1000,
@@ -152,8 +169,8 @@ def denoiser_inputs(state: RequestState, latents: torch.Tensor, t: torch.Tensor)
 def predict_noise(env: HostEnv, component: str, state: RequestState, latents: torch.Tensor,
                   t: torch.Tensor) -> torch.Tensor:
     """One transformer call for step timestep `t` (the per-step seam step caching wraps)."""
-    out = env.invoke(component, **denoiser_inputs(state, latents, t))
-    return next(iter(out.values()))
+    out = next(iter(env.invoke(component, **denoiser_inputs(state, latents, t)).values()))
+    return out[:, :latents.shape[1]]  # Kontext: the appended image tokens' outputs are dropped
 
 
 @host_step("flux.denoise", phase="denoise")
@@ -194,7 +211,7 @@ def denoiser_rope(transformer: Node, state: RequestState) -> tuple[torch.Tensor,
     text = state.values["encoder_hidden_states"]
     # FluxPipeline: latent ids in prompt_embeds' dtype, text ids in the CLIP encoder's
     img, txt = rope_tables(axes, *state.values["latent_grid"], text.shape[1], text.dtype,
-                           state.values["pooled_projections"].dtype)
+                           state.values["pooled_projections"].dtype, state.values.get("context_grid"))
     for name, table in (("img_rope", img), ("txt_rope", txt)):
         width = input_shape(transformer, name)[-1]
         if width != table.shape[-1]:

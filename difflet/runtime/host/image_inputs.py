@@ -29,14 +29,15 @@ def generator(state: RequestState) -> torch.Generator:
     return gen
 
 
-def preprocess_image(state: RequestState, vae_scale_factor: int, latent_channels: int) -> torch.Tensor:
-    """The request's first input image as the pipeline's image_processor.preprocess makes it:
-    float32 [1, 3, H, W] in [-1, 1]."""
+def preprocess_image(state: RequestState, vae_scale_factor: int, latent_channels: int,
+                     width: int | None = None, height: int | None = None) -> torch.Tensor:
+    """The request's first input image as the pipeline's image_processor.preprocess makes it at
+    width x height (default: the request's size): float32 [1, 3, H, W] in [-1, 1]."""
     from diffusers.image_processor import VaeImageProcessor
 
     params = state.params
     processor = VaeImageProcessor(vae_scale_factor=vae_scale_factor, vae_latent_channels=latent_channels)
-    image = processor.preprocess(to_pil(params.image[0]), height=params.height, width=params.width)
+    image = processor.preprocess(to_pil(params.image[0]), height=height or params.height, width=width or params.width)
     return image.to(dtype=torch.float32)
 
 
