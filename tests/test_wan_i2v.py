@@ -40,6 +40,9 @@ def png(array: np.ndarray) -> bytes:
 _y, _x = np.mgrid[0:SIZE, 0:SIZE]
 INPUT = png(np.stack([_x * 8, _y * 7, (_x * _y) % 256], -1).astype(np.uint8))
 INPUT_2 = png(np.stack([255 - _y * 8, (_x * 3 + _y * 5) % 256, _x * 4], -1).astype(np.uint8))
+# 56x40, not the served size: the VAE condition is resized to 32x32, CLIP's processor crops the original
+_Y, _X = np.mgrid[0:40, 0:56]
+INPUT_WIDE = png(np.stack([_X * 4, _Y * 6, (_X + 3 * _Y) % 256], -1).astype(np.uint8))
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +92,7 @@ def test_python_api_equals_the_reference_pipeline_with_its_transformer_calls(art
     counts = {name: Counted(env.programs[name]) for name in ("transformer", "image_encoder", "vae_encoder")}
     env.programs.update(counts)
     outs = {}
-    for image in (INPUT, INPUT_2):
+    for image in (INPUT, INPUT_2, INPUT_WIDE):
         before = {n: c.calls for n, c in counts.items()}
         video = pipe(PROMPT, image=Image.open(io.BytesIO(image)), num_inference_steps=STEPS, seed=SEED,
                      output_type="np").frames[0]

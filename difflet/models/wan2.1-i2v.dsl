@@ -19,6 +19,7 @@ profile {
     max_text = 512
     dtype    = bfloat16
     images   = 1        # image-to-video: one input image, the first frame (no strength)
+    image_original = true  # CLIP's processor reads the image as given (resized and cropped to 224)
 }
 
 runtime valid_text: int64 in [1, max_text] default max_text

@@ -49,7 +49,8 @@ class Pixels(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     data: bytes
 
 
-MEDIA = ("image", "mask_image")  # Request's image fields (Pixels), outside FIELDS
+MEDIA = ("image", "mask_image")  # Request's image fields (Pixels) the faces take, outside FIELDS
+DERIVED = ("image_original",)  # set by validate.resolve_request from the media, never by a face
 
 
 class Request(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -89,6 +90,9 @@ class Request(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         "echoed back; the server makes one when empty; unique among the requests in flight"))] = ""
     image: tuple[Pixels, ...] = ()  # the input image(s) of an image-input profile, at the request's size
     mask_image: Optional[Pixels] = None  # inpainting: white = repaint, black = keep
+    # the input image(s) as decoded, unresized: for a profile whose pipeline also reads the
+    # original (`image_original = true`: Wan I2V's CLIP image processor crops from it)
+    image_original: tuple[Pixels, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -141,7 +145,7 @@ class Field:
 def _fields() -> tuple[Field, ...]:
     out = []
     for f in msgspec.inspect.type_info(Request).fields:
-        if f.name in MEDIA:
+        if f.name in MEDIA or f.name in DERIVED:
             continue
         t, optional = f.type, False
         if isinstance(t, msgspec.inspect.UnionType):

@@ -14,7 +14,8 @@ Invariants:
 - Input images follow the profile: `images = N` (an image-input profile: 1 to N images
   required), `mask = true` (inpainting: a mask of the image's size required), `strength = S`
   (the default strength; a profile without one takes none), `image_width`/`image_height` (the
-  image compiled at its own size, which the reference must give it; else at the output size).
+  image compiled at its own size, which the reference must give it; else at the output size),
+  `image_original = true` (the unresized image too, for a pipeline that also reads it).
   They are decoded once and resized here (runtime/images.py), so the model process gets
   `Pixels` it uses as is.
 - The result has every default resolved: it is what the model process runs, unchecked again.
@@ -185,6 +186,8 @@ def _media(profile: Mapping[str, Any], request: Request, image: Any, mask_image:
         size = [_input_size(profile, x, input_sizes, "image" if len(images) == 1 else f"image[{i}]")
                 for i, x in enumerate(loaded)]
     out: dict[str, Any] = {"image": tuple(fit(x, w, h, "RGB") for x, (w, h) in zip(loaded, size))}
+    if profile.get("image_original", False):  # the pipeline also reads the image as given
+        out["image_original"] = tuple(fit(x, x.width, x.height, "RGB") for x in loaded)
     if default_strength is not None:
         out["strength"] = default_strength if request.strength is None else request.strength
     if mask_image is not None:

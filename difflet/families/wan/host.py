@@ -126,7 +126,9 @@ def encode_image(env: HostEnv, step: Node, state: RequestState) -> None:
     params, vae = state.params, env.component(vae_name)
     if not params.image:
         raise DiffletError("this image-to-video model needs an input image", where="image")
-    pixels = _image_processor(env)(images=to_pil(params.image[0]), return_tensors="pt").pixel_values
+    # the pipeline hands CLIP's processor the image as given (the profile's image_original)
+    original = params.image_original[0] if params.image_original else params.image[0]
+    pixels = _image_processor(env)(images=to_pil(original), return_tensors="pt").pixel_values
     embeds = next(iter(env.invoke(clip_name, **{env.component(clip_name).find(Op.INPUT)[0].name: pixels}).values()))
     state.values["image_embeds"] = embeds.to(getattr(torch, _input_type(_transformer(env), "hidden_states").dtype))
     (x,) = vae.find(Op.INPUT)
