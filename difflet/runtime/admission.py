@@ -32,7 +32,8 @@ from difflet.runtime.prompt_text import PromptLengths, Truncation
 from difflet.runtime.images import ImageLimits
 from difflet.runtime.request import MAX_PROMPT_CHARS, Request
 from difflet.runtime.startup import ArtifactInfo, text_limit
-from difflet.runtime.validate import profile_images, resolve_request
+from difflet.runtime.image_fields import profile_images
+from difflet.runtime.validate import resolve_request
 
 GRPC_DEFAULT_MESSAGE = 4 << 20  # gRPC's own receive bound, enough for any text-only request
 

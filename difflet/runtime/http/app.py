@@ -15,7 +15,7 @@ import secrets
 from difflet.families import facts_of, guidance_mode
 from difflet.runtime.http.content import ContentStore
 from difflet.runtime.http.videos import VideoJobs
-from difflet.runtime.validate import profile_images
+from difflet.runtime.image_fields import profile_images
 
 
 class HttpApi:

@@ -13,7 +13,7 @@ from difflet.runtime.http import openapi
 from difflet.runtime.http.errors import ApiError
 from difflet.runtime.http.plumbing import (MAX_BODY, SSE_HEADERS, Wake, endpoint, get, in_thread, owner,
                                            parse, read_body, sse_line, submit)
-from difflet.runtime.validate import profile_images
+from difflet.runtime.image_fields import profile_images
 
 KEEP_ALIVE_S = 15.0  # an SSE comment at least this often, so proxies keep the stream open
 
