@@ -16,7 +16,8 @@ Invariants:
   forward hands it the host values (`_HostPow`), so its tables are bit-identical to diffusers'
   float64 path (a float32 `pow` would be ~4 ulp off, enough to flip uint8 pixels of the video).
 - Latent (de)normalization uses the VAEs' `latents_mean`/`latents_std` buffers, which live in the
-  weights, so it runs inside the decoder programs, never on the host.
+  weights, so it runs inside the VAE programs (decoders, the image-to-video encoder), never on
+  the host.
 - Split LTX2VideoTransformer3DModel (TransformerProgram's calling convention on every rank): CP
   shards the video stream only; audio and both texts stay replicated over cp (why, from the real
   sizes, and the attention each site runs: ltx2/attention.py). Every block linear of both
@@ -113,7 +114,10 @@ TRANSFORMER_INPUTS = ("hidden_states", "audio_hidden_states", "encoder_hidden_st
 
 class TransformerProgram(torch.nn.Module):
     """One LTX2VideoTransformer3DModel call of the pipeline's denoising loop (batch 1): sigma is
-    the timestep, RoPE coordinates come in, no text mask (registers), use_cross_timestep=True."""
+    the timestep, RoPE coordinates come in, no text mask (registers), use_cross_timestep=True.
+    An image-to-video transformer also takes `video_timestep` [1, video tokens] (the step's
+    timestep times 1 - conditioning mask): the video stream's timestep, while `timestep` stays
+    the audio timestep and sigma, as LTX2ImageToVideoPipeline calls it."""
 
     def __init__(self, model: torch.nn.Module, node: Node) -> None:
         super().__init__()
@@ -126,7 +130,8 @@ class TransformerProgram(torch.nn.Module):
             hidden_states=args["hidden_states"], audio_hidden_states=args["audio_hidden_states"],
             encoder_hidden_states=args["encoder_hidden_states"],
             audio_encoder_hidden_states=args["audio_encoder_hidden_states"],
-            timestep=args["timestep"], sigma=args["timestep"],
+            timestep=args.get("video_timestep", args["timestep"]), audio_timestep=args["timestep"],
+            sigma=args["timestep"],
             video_coords=args["video_coords"], audio_coords=args["audio_coords"],
             isolate_modalities=False, use_cross_timestep=True, return_dict=False)
         return video, audio
@@ -165,6 +170,28 @@ class VideoDecodeProgram(torch.nn.Module):
         std = self.model.latents_std.view(1, -1, 1, 1, 1).to(z.device, z.dtype)
         z = z * std / self.model.config.scaling_factor + mean
         return (self.model.decode(z, None, return_dict=False)[0],)
+
+
+class VideoEncodeProgram(torch.nn.Module):
+    """Pixels [1, 3, 1, H, W] -> the first frame's normalized latents [1, C, 1, h, w] in float32:
+    LTX2ImageToVideoPipeline.prepare_latents' retrieve_latents(vae.encode(image), "argmax") (the
+    mean: no random draw), cast to float32, then _normalize_latents with the VAE buffers and its
+    default scaling factor 1 (the pipeline passes none here, unlike when it denormalizes)."""
+
+    def __init__(self, model: torch.nn.Module, node: Node) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+        z = self.model.encode(x).latent_dist.mode().to(torch.float32)
+        mean = self.model.latents_mean.view(1, -1, 1, 1, 1).to(z.device, z.dtype)
+        std = self.model.latents_std.view(1, -1, 1, 1, 1).to(z.device, z.dtype)
+        return ((z - mean) * 1.0 / std,)
+
+
+def wrap_video_vae(model: torch.nn.Module, node: Node) -> torch.nn.Module:
+    """The VAE's program by its entry: `encode` (an image-to-video profile's first frame) or decode."""
+    return (VideoEncodeProgram if node.attrs.get("entry") == "encode" else VideoDecodeProgram)(model, node)
 
 
 class AudioDecodeProgram(torch.nn.Module):
@@ -234,7 +261,8 @@ def _ltx2_split_processor(*args):
 
 
 TRANSFORMER_SPLIT = SplitDecl(
-    visual_inputs={"hidden_states": 1, "video_coords": 2}, visual_outputs={"sample": 1},
+    # video_timestep: image-to-video's per-token timestep (absent from a text-to-video program)
+    visual_inputs={"hidden_states": 1, "video_coords": 2, "video_timestep": 1}, visual_outputs={"sample": 1},
     sp_entries=("proj_in", "audio_proj_in", "caption_projection", "audio_caption_projection"),
     joint_prefixes=(),  # no joint sequence: every site is self- or cross-attention
     processor=_ltx2_split_processor, sp_outputs={"audio_sample": 1},
@@ -249,7 +277,7 @@ CLASSES = {
         probe=ProbeDecl(inputs=("hidden_states", "timestep"), build=LTX2Probe),
         blocks=BlockDecl(stacks=("transformer_blocks",), outputs=("hidden_states", "audio_hidden_states"),
                          tail=("hidden_states", "audio_hidden_states"))),
-    "diffusers.AutoencoderKLLTX2Video": ClassDecl(wrapper=VideoDecodeProgram, build_random=build_random),
+    "diffusers.AutoencoderKLLTX2Video": ClassDecl(wrapper=wrap_video_vae, build_random=build_random),
     "diffusers.AutoencoderKLLTX2Audio": ClassDecl(wrapper=AudioDecodeProgram, build_random=build_random),
     "diffusers.pipelines.ltx2.vocoder.LTX2Vocoder": ClassDecl(wrapper=VocoderProgram),
 }
