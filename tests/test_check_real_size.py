@@ -32,7 +32,8 @@ REPO = Path(__file__).resolve().parent.parent
 REAL_SIZE = ("flux", "flux-schnell", "qwen-image", "wan2.1", "hunyuan-video", "ltx2")
 # image-input profiles (issue 29): their base description plus a VAE encoder program
 IMAGE_INPUT = {"flux-img2img": "flux", "flux-inpaint": "flux", "qwen-image-img2img": "qwen-image",
-               "qwen-image-inpaint": "qwen-image", "wan2.1-i2v": "wan2.1", "flux-kontext": "flux"}
+               "qwen-image-inpaint": "qwen-image", "wan2.1-i2v": "wan2.1", "flux-kontext": "flux",
+               "ltx2-i2v": "ltx2"}
 
 
 def test_the_real_size_list_is_every_description_that_is_not_a_toy():
@@ -131,6 +132,24 @@ def test_wan_image_to_video_adds_a_clip_encoder_a_vae_encoder_and_its_transforme
     assert sorted(set(c.name for c in module.components()) - {"text_encoder", "vae"}) == new
     assert all(module.component(n).attrs.get(k) == base.component(n).attrs.get(k)
                for n in ("text_encoder", "vae") for k in keys)
+    for target in ("cpu", "trn2"):
+        res = _check(ir, target, *[a for n in new for a in ("--component", n)])
+        assert res.exit_code == 0 and not _errors(res.output), res.output
+        assert all(f"ok {n}" in res.output for n in new), res.output
+
+
+@pytest.mark.slow
+def test_ltx2_image_to_video_adds_a_vae_encoder_and_a_per_token_timestep_which_pass(lowered):
+    """ltx2-i2v is ltx2 (its text encoder, connectors and decoders unchanged, checked there) with
+    the VAE's encoder program and a transformer taking the per-token `video_timestep` (and its
+    timesteps in float32, as the pipeline passes them): the two programs are checked."""
+    base, _ = lowered("ltx2")
+    module, ir = lowered("ltx2-i2v")
+    keys = ("class", "config", "dtype", "entry")
+    new = ["transformer", "vae_encoder"]
+    same = [c.name for c in base.components() if c.name != "transformer"]
+    assert sorted(set(c.name for c in module.components()) - set(same)) == new
+    assert all(module.component(n).attrs.get(k) == base.component(n).attrs.get(k) for n in same for k in keys)
     for target in ("cpu", "trn2"):
         res = _check(ir, target, *[a for n in new for a in ("--component", n)])
         assert res.exit_code == 0 and not _errors(res.output), res.output
