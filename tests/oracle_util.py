@@ -118,3 +118,14 @@ def io_shape(comp, name: str) -> list[int]:
 
     found = comp.find(Op.INPUT, name) or comp.find(Op.OUTPUT, name)
     return list(found[0].results[0].type.shape)
+
+
+class Counted:
+    """A program wrapper counting its calls (call counts held to the reference pipeline's)."""
+
+    def __init__(self, program) -> None:
+        self.program, self.calls = program, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.program(*args, **kwargs)

@@ -27,7 +27,7 @@ from conftest import REPO
 from difflet.runtime import client as grpc_client
 from difflet.runtime.demo import stop_server
 from http_util import call_json, start_http_server
-from oracle_util import assert_images_close, compile_art, planned_tiny, random_checkpoint
+from oracle_util import Counted, assert_images_close, compile_art, planned_tiny, random_checkpoint
 
 PROMPT = "a red fox in the snow"
 SEED, STEPS = 3, 5
@@ -91,17 +91,6 @@ def reference(mode: str, ckpt, strength: float, image: bytes = INPUT, mask: byte
                num_inference_steps=steps, height=size, width=size,
                generator=torch.Generator("cpu").manual_seed(SEED), output_type="np", **call, **extra).images[0]
     return (out * 255).round().astype("uint8")
-
-
-class Counted:
-    """A program wrapper counting its calls."""
-
-    def __init__(self, program) -> None:
-        self.program, self.calls = program, 0
-
-    def __call__(self, *args, **kwargs):
-        self.calls += 1
-        return self.program(*args, **kwargs)
 
 
 @pytest.mark.parametrize("mode", list(PROFILES))

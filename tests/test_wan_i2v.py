@@ -25,7 +25,7 @@ from conftest import REPO
 from difflet.runtime import client as grpc_client
 from difflet.runtime.demo import stop_server
 from http_util import call_json, start_http_server
-from oracle_util import assert_images_close, compile_art, planned_tiny, random_checkpoint
+from oracle_util import Counted, assert_images_close, compile_art, planned_tiny, random_checkpoint
 
 PROMPT = "a red fox running through the snow"
 SEED, STEPS, FRAMES, SIZE = 3, 4, 9, 32  # the tiny profile's frames and size
@@ -70,17 +70,6 @@ def reference(ckpt, image: bytes = INPUT, calls: list | None = None) -> np.ndarr
                   num_frames=FRAMES, num_inference_steps=STEPS, guidance_scale=5.0, max_sequence_length=512,
                   generator=torch.Generator("cpu").manual_seed(SEED), output_type="np").frames[0]
     return (frames * 255).round().astype("uint8")
-
-
-class Counted:
-    """A program wrapper counting its calls."""
-
-    def __init__(self, program) -> None:
-        self.program, self.calls = program, 0
-
-    def __call__(self, *args, **kwargs):
-        self.calls += 1
-        return self.program(*args, **kwargs)
 
 
 def test_python_api_equals_the_reference_pipeline_with_its_transformer_calls(art):
