@@ -45,7 +45,7 @@ def resolve_media(profile: Mapping[str, Any], request: Request, image: Any, mask
     images = as_list(image)
     if images and not most:
         raise _fail("image", "this model takes no input image (a text-to-image profile); serve an "
-                             "image-input description of its family, e.g. models/flux-img2img.dsl")
+                             "image-input description of its family (README: Image inputs)")
     if most and not images:
         raise _fail("image", f"this model needs an input image ({_mode(profile)}); none was given")
     if len(images) > most:
@@ -62,7 +62,7 @@ def resolve_media(profile: Mapping[str, Any], request: Request, image: Any, mask
         limits = ImageLimits.for_sizes(_areas(profile, sizes))
     loaded = [load(x, "image" if len(images) == 1 else f"image[{i}]", limits) for i, x in enumerate(images)]
     size = [(request.width, request.height)] * len(loaded)
-    if "image_width" in profile:  # the image is compiled at its own size (FLUX.1 Kontext)
+    if "image_width" in profile:  # the image is compiled at its own size
         size = [_input_size(profile, x, input_sizes, "image" if len(images) == 1 else f"image[{i}]")
                 for i, x in enumerate(loaded)]
     out: dict[str, Any] = {"image": tuple(fit(x, w, h, "RGB") for x, (w, h) in zip(loaded, size))}
@@ -81,8 +81,9 @@ def resolve_media(profile: Mapping[str, Any], request: Request, image: Any, mask
 
 def _input_size(profile: Mapping[str, Any], image, input_sizes: Sequence[tuple[int, int]], field: str) -> tuple[int, int]:
     """The compiled input-image size, when the reference pipeline gives `image` that size (as
-    FluxKontextPipeline: its own size floored to `image_multiple`, snapped to the preferred size
-    nearest its aspect ratio under `image_auto_resize`); else a DiffletError naming `field`."""
+    an editing pipeline does: its own size floored to `image_multiple`, snapped to the family's
+    preferred size nearest its aspect ratio under `image_auto_resize`); else a DiffletError
+    naming `field`."""
     multiple = int(profile.get("image_multiple", 16))
     width, height = (x - x % multiple for x in image.size)
     if width < multiple or height < multiple:

@@ -123,7 +123,7 @@ def warm_up_inputs(profile, width: int, height: int) -> dict[str, Any]:
 
     if not int(profile.get("images", 0) or 0):
         return {}
-    if "image_width" in profile:  # an image compiled at its own size (FLUX.1 Kontext)
+    if "image_width" in profile:  # an image compiled at its own size
         width, height = int(profile["image_width"]), int(profile["image_height"])
     ramp = Image.linear_gradient("L").resize((width, height))
     image = Image.merge("RGB", (ramp, ramp.transpose(Image.Transpose.ROTATE_90).resize((width, height)),

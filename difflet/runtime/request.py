@@ -91,7 +91,7 @@ class Request(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     image: tuple[Pixels, ...] = ()  # the input image(s) of an image-input profile, at the request's size
     mask_image: Optional[Pixels] = None  # inpainting: white = repaint, black = keep
     # the input image(s) as decoded, unresized: for a profile whose pipeline also reads the
-    # original (`image_original = true`: Wan I2V's CLIP image processor crops from it)
+    # original (`image_original = true`: e.g. a CLIP image processor that crops from it)
     image_original: tuple[Pixels, ...] = ()
 
 
