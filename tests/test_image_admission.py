@@ -93,6 +93,27 @@ def test_an_inpainting_profile_needs_a_mask_of_the_images_size():
     assert request.mask_image.mode == "L" and request.mask_image.data == b"\xff" * 32 * 32
 
 
+@pytest.mark.parametrize("profile, masked", [(TEXT_ONLY, False), (INPAINT, True),
+                                             ({**TEXT_ONLY, "images": 1, "image_original": True}, False)])
+def test_a_saved_request_is_admitted_again_as_it_was(profile, masked):
+    """A queued job a restarted server submits again (http/recovery.py): the saved Request,
+    decoded from its JSON, resolves to itself (its images are not resized twice)."""
+    import msgspec
+
+    from difflet.runtime.image_fields import face_values
+    from difflet.runtime.request import Request
+
+    media = {"image": encoded(RGBA)} if profile.get("images") else {}
+    if masked:
+        media["mask_image"] = encoded(Image.fromarray(np.random.default_rng(2).integers(0, 256, (30, 50), dtype=np.uint8)))
+    first = resolve_request(profile, image_limits=LIMITS, prompt="p", **media)
+    saved = msgspec.json.decode(msgspec.json.encode(first), type=Request)
+    again = resolve_request(profile, image_limits=LIMITS, **face_values(saved))
+    assert again == first
+    if profile.get("image_original"):
+        assert (first.image_original[0].width, first.image[0].width) == (50, 32)
+
+
 def _png_header_only(width: int, height: int) -> bytes:
     """A PNG whose IHDR claims width x height, with one tiny IDAT: a decompression bomb's shape."""
     def chunk(kind: bytes, data: bytes) -> bytes:

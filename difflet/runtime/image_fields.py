@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+import msgspec
+
 from difflet.errors import DiffletError
 from difflet.runtime.images import ImageLimits, as_list, fit, load
 from difflet.runtime.request import Request
@@ -111,3 +113,14 @@ def _mode(profile: Mapping[str, Any]) -> str:
 def _areas(profile: Mapping[str, Any], sizes: Sequence[str]) -> list[int]:
     served = [tuple(int(x) for x in s.split("x"))[:2] for s in sizes]
     return [w * h for w, h in served] + [int(profile["height"]) * int(profile["width"])]
+
+
+def face_values(request: Request) -> dict[str, Any]:
+    """The field values that admit `request` again (a saved job after a restart): its images as
+    the face gave them (the unresized original where one was kept), no derived field."""
+    values = msgspec.structs.asdict(request)
+    original = values.pop("image_original")
+    if original:
+        values["image"] = original
+    values["image"] = values["image"] or None
+    return values

@@ -50,9 +50,11 @@ def _fail(field: str, message: str) -> DiffletError:
 
 def load(value: Any, field: str, limits: ImageLimits):
     """One input image as diffusers' load_image makes it (RGB, EXIF orientation applied): from
-    encoded bytes (PNG/JPEG/WebP) or a PIL image (the Python API)."""
+    encoded bytes (PNG/JPEG/WebP), a PIL image (the Python API) or Pixels (a saved request)."""
     from PIL import Image, ImageOps, UnidentifiedImageError
 
+    if isinstance(value, Pixels):  # already decoded once: only its size is bounded again
+        value = to_pil(value)
     if isinstance(value, Image.Image):
         image = value
         if image.width * image.height > limits.max_pixels:

@@ -34,6 +34,7 @@ def submit_again(dispatcher, admission, model: str, video):
     """The dispatcher Job of restored queued `video` (its `saved` row); Refused if it may not run.
     `admission` None (no server around it) submits the saved request as it is."""
     from difflet.runtime.dispatcher import Rejected
+    from difflet.runtime.image_fields import face_values
     from difflet.runtime.request import Request
 
     if model and video.model != model:
@@ -41,7 +42,7 @@ def submit_again(dispatcher, admission, model: str, video):
     try:
         request = msgspec.json.decode(video.saved["request"], type=Request)
         if admission is not None:
-            request, _ = admission.admit(**msgspec.structs.asdict(request))
+            request, _ = admission.admit(**face_values(request))
     except (msgspec.DecodeError, DiffletError) as err:
         raise Refused("invalid", f"after the restart the request is not valid on this server: {err}") from None
     deadline = video.saved["deadline"]
