@@ -56,17 +56,34 @@ def _child(rank: int, world: int, init_method: str, fn, args, queue, threads: in
     try:
         dist.init_process_group("gloo", init_method=init_method, rank=rank,
                                 world_size=world, timeout=timedelta(seconds=60))
+    except BaseException:  # noqa: BLE001 - the group never formed: the parent may start it again
+        queue.put((rank, False, traceback.format_exc(), "init"))
+        return
+    try:
         try:
             result = fn(rank, world, *args)
         finally:
             dist.destroy_process_group()
-        queue.put((rank, True, _dumps(result)))
+        queue.put((rank, True, _dumps(result), "run"))
     except BaseException:  # noqa: BLE001 - every failure must reach the parent, not hang it
-        queue.put((rank, False, traceback.format_exc()))
+        queue.put((rank, False, traceback.format_exc(), "run"))
 
 
 def run_ranks(fn, world: int, *args, timeout: float = 120.0, threads: int = 1) -> list:
-    """Call `fn(rank, world, *args)` on `world` gloo ranks; return their results in rank order."""
+    """Call `fn(rank, world, *args)` on `world` gloo ranks; return their results in rank order.
+    A group that fails to form (gloo's loopback mesh connect is known to flake under load,
+    pytorch/pytorch#53270) before any rank reported is started again once with a fresh store."""
+    try:
+        return _attempt(fn, world, args, timeout, threads)
+    except _NotFormed:
+        return _attempt(fn, world, args, timeout, threads, last=True)
+
+
+class _NotFormed(Exception):
+    """The process group did not form; no rank ran `fn`."""
+
+
+def _attempt(fn, world: int, args: tuple, timeout: float, threads: int, last: bool = False) -> list:
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "torch.distributed", "difflet.parallel.launch"])
     queue = ctx.Queue()
@@ -81,12 +98,14 @@ def run_ranks(fn, world: int, *args, timeout: float = 120.0, threads: int = 1) -
     try:
         for _ in range(world):
             try:
-                rank, ok, payload = queue.get(timeout=timeout)
+                rank, ok, payload, stage = queue.get(timeout=timeout)
             except Exception as exc:  # queue.Empty: a rank hung or died without reporting
                 raise RankError(f"{world - len(results) - len(errors)} rank(s) did not report within "
                                 f"{timeout:.0f}s; exit codes {[p.exitcode for p in procs]}") from exc
             if ok:
                 results[rank] = torch.load(io.BytesIO(payload), weights_only=False)
+            elif stage == "init" and not last and not results:
+                raise _NotFormed(payload)
             else:
                 errors.append(f"rank {rank}:\n{payload}")
                 break  # the others may now block on a collective with this rank: stop waiting
