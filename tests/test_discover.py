@@ -40,6 +40,19 @@ def test_a_flux_transformer_without_guidance_embedding_gets_the_schnell_descript
     assert description_for(str(shapes)).name == "flux-schnell.dsl"
 
 
+def test_an_image_input_pipeline_class_gets_its_description(tmp_path):
+    """FLUX.1-Kontext-dev and Wan2.1-I2V checkpoints name FluxKontextPipeline and
+    WanImageToVideoPipeline (their diffusers repos' model_index.json)."""
+    i2v = random_checkpoint(planned_tiny(REPO / "models" / "wan2.1-tiny-i2v.dsl"))
+    assert json.loads((i2v / "model_index.json").read_text())["_class_name"] == "WanImageToVideoPipeline"
+    assert description_for(str(i2v)).name == "wan2.1-i2v.dsl"
+    kontext = tmp_path / "kontext"
+    shutil.copytree(REPO / "difflet" / "assets" / "flux-shapes", kontext)
+    index = json.loads((kontext / "model_index.json").read_text())
+    (kontext / "model_index.json").write_text(json.dumps({**index, "_class_name": "FluxKontextPipeline"}))
+    assert description_for(str(kontext)).name == "flux-kontext.dsl"
+
+
 def test_unsupported_missing_and_random_checkpoints_are_named(tmp_path):
     (tmp_path / "sd").mkdir()
     (tmp_path / "sd" / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline"}))
@@ -48,7 +61,8 @@ def test_unsupported_missing_and_random_checkpoints_are_named(tmp_path):
     assert err.value.where == str(tmp_path / "sd" / "model_index.json")
     assert err.value.message == ("_class_name 'StableDiffusionPipeline' is not a pipeline Difflet serves "
                                  "(supported: FluxPipeline, QwenImagePipeline, WanPipeline, "
-                                 "HunyuanVideoPipeline, LTX2Pipeline)")
+                                 "HunyuanVideoPipeline, LTX2Pipeline, FluxKontextPipeline, "
+                                 "WanImageToVideoPipeline)")
     with pytest.raises(DiffletError, match="no model_index.json") as err:
         description_for(str(tmp_path))
     assert err.value.where == str(tmp_path / "model_index.json")

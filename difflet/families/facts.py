@@ -57,6 +57,9 @@ class FamilyFacts:
     # checkpoint directory -> the bundled description (models/NAME.dsl) that serves it, when
     # no model is named (the family is found from model_index.json: difflet/frontend/discover.py)
     description: Callable[[Any], str] = lambda ckpt: ""
+    # another pipeline class a checkpoint of the family may name (FLUX.1-Kontext-dev's
+    # FluxKontextPipeline) -> the bundled description that serves it
+    pipelines: Mapping[str, str] = field(default_factory=dict)
     # class -> (its resolved config -> derived keys), read by the frontend's expressions only
     derived_config: Mapping[str, Callable[[Mapping[str, Any]], Mapping[str, Any]]] = field(default_factory=dict)
     # (profile, class -> resolved config) -> profile values the family's pipeline computes from

@@ -1,6 +1,7 @@
 """The description that serves a checkpoint, found from the checkpoint itself when no model is
 named: model_index.json's `_class_name` -> the registered family whose pipeline class it is ->
-that family's choice of bundled description (`FamilyFacts.description`).
+that family's choice of bundled description (`FamilyFacts.description`), or the description a
+family names for another pipeline class of its checkpoints (`FamilyFacts.pipelines`).
 
 Invariants:
 - Torch-free: reads JSON files only (the API process and `difflet lower` use it).
@@ -41,17 +42,24 @@ def description_for(weights: str, where: str = "model") -> Path:
                            "the model to serve it with", where=str(index)) from None
     except (OSError, ValueError, AttributeError) as err:
         raise DiffletError(f"cannot read the pipeline class: {err}", where=str(index)) from None
-    family = next((f for f, cls in FAMILIES.items() if cls == class_name), None)
-    if family is None:
-        supported = ", ".join(FAMILIES.values())
-        raise DiffletError(f"_class_name {class_name!r} is not a pipeline Difflet serves (supported: "
-                           f"{supported})", where=str(index))
-    try:
-        name = facts(family).description(root)
-    except (OSError, ValueError) as err:  # a family reading a component's config.json
-        raise DiffletError(f"cannot choose the {family} description: {err}", where=str(root)) from None
+    name = _description(class_name, root, index)
     path = MODELS_DIR / f"{name}.dsl"
     if not name or not path.is_file():
-        raise DiffletError(f"family {family!r} names no bundled description for this checkpoint",
+        raise DiffletError(f"no bundled description serves a {class_name} checkpoint",
                            where=str(index))
     return path
+
+
+def _description(class_name, root: Path, index: Path) -> str:
+    """The bundled description's name for a checkpoint whose model_index.json names `class_name`."""
+    for family, main in FAMILIES.items():
+        if class_name == main:
+            try:
+                return facts(family).description(root)
+            except (OSError, ValueError) as err:  # a family reading a component's config.json
+                raise DiffletError(f"cannot choose the {family} description: {err}", where=str(root)) from None
+        if class_name in facts(family).pipelines:
+            return facts(family).pipelines[class_name]
+    supported = ", ".join([*FAMILIES.values(), *(c for f in FAMILIES for c in facts(f).pipelines)])
+    raise DiffletError(f"_class_name {class_name!r} is not a pipeline Difflet serves (supported: "
+                       f"{supported})", where=str(index))

@@ -31,4 +31,5 @@ FACTS = FamilyFacts(
                           probe=("x_embedder", "time_text_embed", "transformer_blocks.0.norm1"))},
     split_built=(DENOISER,), probe_built=(DENOISER,), blocks_built=(DENOISER,), spmd_built=(DENOISER,),
     input_sizes=KONTEXT_RESOLUTIONS,
+    pipelines={"FluxKontextPipeline": "flux-kontext"},  # FLUX.1-Kontext-dev: FLUX.1's components
 )

@@ -66,6 +66,7 @@ def vae_derived(config: dict) -> dict[str, int]:
 
 FACTS = FamilyFacts(
     description=lambda ckpt: "wan2.1",
+    pipelines={"WanImageToVideoPipeline": "wan2.1-i2v"},  # Wan2.1-I2V-14B-*-Diffusers
     prompt_text=lambda prompt, templated: prompt_clean(prompt), default_guidance="cfg", fps=lambda module: FPS,
     rules={DENOISER: {
         "column": paths("blocks.*.attn1", ATTN_COL) + paths("blocks.*.attn2", ATTN_COL) + ("blocks.*.ffn.net.0.proj",),
