@@ -190,11 +190,11 @@ def test_wan_transformer_program_matches_exact_maths_better_than_eager_bf16(wan_
     g = torch.Generator().manual_seed(1)
     latents = torch.randn(1, 4, 3, 4, 4, generator=g).to(torch.bfloat16)
     text = torch.randn(1, 16, 32, generator=g).to(torch.bfloat16)
-    for t in (999.0, 12.0):
-        timestep = torch.tensor([t], dtype=torch.bfloat16)
+    for t in (999.0, 12.0):  # 999: not a bf16 number (it rounds to 1000); WanPipeline passes it exactly
+        timestep = torch.tensor([t], dtype=torch.float32)
         with torch.no_grad():
             e = eager(hidden_states=latents, timestep=timestep, encoder_hidden_states=text, return_dict=False)[0]
-            want = exact(hidden_states=latents.float(), timestep=timestep.float(),
+            want = exact(hidden_states=latents.float(), timestep=timestep,
                          encoder_hidden_states=text.float(), return_dict=False)[0]
         (got,) = run(program, latents, timestep, text)
         assert got.dtype == torch.bfloat16

@@ -71,7 +71,7 @@ denoiser transformer = diffusers.LTX2VideoTransformer3DModel from "transformer" 
     input audio_hidden_states:         dtype[1, audio, 4]
     input encoder_hidden_states:       dtype[1, max_text, 32]
     input audio_encoder_hidden_states: dtype[1, max_text, 32]
-    input timestep:                    dtype[1]
+    input timestep:                    float32[1]   # the pipeline passes the fp32 timestep
     input video_coords:                float32[1, 3, ((frames - 1) / 2 + 1) * (height / 8) * (width / 8), 2]
     input audio_coords:                float32[1, 1, audio, 2]
     output sample:       dtype[1, ((frames - 1) / 2 + 1) * (height / 8) * (width / 8), 4] select 0

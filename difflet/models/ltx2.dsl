@@ -84,7 +84,7 @@ denoiser transformer = diffusers.LTX2VideoTransformer3DModel from "transformer" 
     input audio_hidden_states:         dtype[1, audio, transformer.audio_in_channels]
     input encoder_hidden_states:       dtype[1, max_text, transformer.caption_channels]
     input audio_encoder_hidden_states: dtype[1, max_text, transformer.caption_channels]
-    input timestep:                    dtype[1]
+    input timestep:                    float32[1]   # the pipeline passes the fp32 timestep
     input video_coords: float32[1, 3, ((frames - 1) / vae.temporal_compression_ratio + 1) / transformer.patch_size_t
                                       * (height / vae.spatial_compression_ratio / transformer.patch_size)
                                       * (width / vae.spatial_compression_ratio / transformer.patch_size), 2]

@@ -61,7 +61,7 @@ denoiser transformer = diffusers.WanTransformer3DModel from "transformer" {
     }
     dtype dtype
     input hidden_states:         dtype[1, 4, (frames - 1) / 4 + 1, height / 8, width / 8]
-    input timestep:              dtype[1]
+    input timestep:              float32[1]   # the pipeline passes the scheduler's int64 t (999, not bf16's 1000)
     input encoder_hidden_states: dtype[1, max_text, 32]
     output sample: dtype[1, 4, (frames - 1) / 4 + 1, height / 8, width / 8] select 0
 

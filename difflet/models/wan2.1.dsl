@@ -62,7 +62,7 @@ denoiser transformer = diffusers.WanTransformer3DModel from "transformer" {
     # latent frames (frames - 1) / temporal scale + 1, pixels / spatial scale per side
     input hidden_states: dtype[1, transformer.in_channels, (frames - 1) / vae.scale_factor_temporal + 1,
                                height / 2 ** (len(vae.dim_mult) - 1), width / 2 ** (len(vae.dim_mult) - 1)]
-    input timestep:              dtype[1]
+    input timestep:              float32[1]   # the pipeline passes the scheduler's int64 t (999, not bf16's 1000)
     input encoder_hidden_states: dtype[1, max_text, text_encoder.d_model]
     output sample: dtype[1, transformer.out_channels, (frames - 1) / vae.scale_factor_temporal + 1,
                          height / 2 ** (len(vae.dim_mult) - 1), width / 2 ** (len(vae.dim_mult) - 1)] select 0
