@@ -83,6 +83,21 @@ def test_an_image_profile_takes_its_image_count_and_resolves_strength():
     assert err.where == "strength" and "leaves no step" in err.message
 
 
+def test_the_image_is_fitted_to_the_requests_shape_bucket():
+    """A bucketed artifact (validate._bucket_size): the image and mask follow the size the request
+    resolves to, as the reference pipeline resizes them to its height and width."""
+    sizes = ["32x32", "48x32"]
+    png, mask = encoded(RGBA), encoded(Image.new("L", (50, 30), 255))
+    request = resolve_request(INPAINT, sizes, image_limits=LIMITS, prompt="p", width=48, height=32,
+                              image=png, mask_image=mask)
+    assert (request.image[0].width, request.image[0].height) == (48, 32)
+    assert (request.mask_image.width, request.mask_image.height) == (48, 32)
+    assert request.image[0].data == fit(load(png, "image", LIMITS), 48, 32, "RGB").data
+    with pytest.raises(DiffletError) as err:  # a size no bucket serves: refused before any decoding
+        resolve_request(INPAINT, sizes, image_limits=LIMITS, prompt="p", width=40, image=b"not an image")
+    assert err.value.where == "width" and "not a served size" in err.value.message
+
+
 def test_an_inpainting_profile_needs_a_mask_of_the_images_size():
     png = encoded(RGBA)
     assert "needs a mask" in refused(INPAINT, image=png).message
