@@ -51,8 +51,7 @@ def test_flux_kontext_adds_a_vae_encoder_and_joins_the_image_tokens_which_pass(l
 @pytest.mark.slow
 def test_wan_image_to_video_adds_a_clip_encoder_a_vae_encoder_and_its_transformer_which_pass(lowered):
     """wan2.1-i2v is wan2.1 (its UMT5 and VAE decoder unchanged, checked there) with a CLIP image
-    encoder, a whole-clip VAE encoder and the I2V transformer: the three new programs are checked
-    ."""
+    encoder, a whole-clip VAE encoder and the I2V transformer: the three new programs are checked."""
     base, _ = lowered("wan2.1")
     module, ir = lowered("wan2.1-i2v")
     keys = ("class", "config", "dtype", "entry")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import pytest
 
-from real_size_util import IMAGE_INPUT, REAL_SIZE, REPO, check, errors, lowering
+from real_size_util import IMAGE_INPUT, REAL_SIZE, REPO, check, check_trn2, errors, lowering
 
 
 def test_the_real_size_list_is_every_description_that_is_not_a_toy():
@@ -53,9 +53,7 @@ def test_flux_schnell_differs_from_flux_only_in_its_transformer_which_passes(low
 @pytest.mark.parametrize("name", [n for n in REAL_SIZE if n != "flux-schnell"])
 def test_real_size_description_passes_the_graph_rules(lowered, name):
     from difflet.codegen.branches import branch_input
-    from difflet.codegen.graph_checks import check_head_dims
     from difflet.ir.nodes import Op
-    from difflet.passes.targets import load_target
 
     module, ir = lowered(name)
     comps = [c.name for c in module.components()]
@@ -73,13 +71,6 @@ def test_real_size_description_passes_the_graph_rules(lowered, name):
     assert sorted(ok + sorted(flagged)) == sorted(comps), res.output
     if not found:
         assert f"all {len(comps)} components fit target 'cpu'" in res.output
-    # trn2: the branching components as their branch programs (what codegen builds there) ...
-    if branching:
-        res = check(ir, "trn2", *[a for c in branching for a in ("--component", c)])
-        assert res.exit_code == 0 and not errors(res.output), res.output
-        assert sorted(line.removeprefix("ok ") for line in res.output.splitlines() if line.startswith("ok ")) \
-            == sorted(branching)
-    # ... and every attention site within the NKI kernel's head_dim limit
-    trn2 = dict(load_target("trn2"))
+    # trn2 where it differs: the branch programs and every attention site's head_dim
     assert any(c.find(Op.ATTENTION) for c in module.components())  # the rule has sites to judge
-    assert [str(f) for c in module.components() for f in check_head_dims(c, trn2)] == []
+    check_trn2(module, ir, comps)

@@ -45,14 +45,19 @@ def test_qwen_img2img_split_and_cfg_parallel_layouts_equal_the_reference(tmp_pat
 
 def test_batched_img2img_requests_of_different_strengths_each_equal_their_reference(tmp_path):
     """Two requests run at once (their denoiser calls batched while both are in their steps),
-    at strengths that start them at different timesteps."""
+    at strengths that start them at different timesteps; released into the batching gate together
+    (as tests/test_batching.py does), so that they share calls does not depend on timing."""
     from difflet.runtime.runner import ModelRunner
 
     art, ckpt = _art(tmp_path, "flux-tiny-img2img", batches=[1, 2])
     with ModelRunner.from_artifacts(art, max_batch=2) as runner:
         params = [runner.resolve(prompt=PROMPT, seed=SEED, steps=STEPS, strength=s, image=INPUT) for s in (0.6, 1.0)]
+        gate = runner.env.gate
         with ThreadPoolExecutor(2) as pool:
-            results = list(pool.map(runner.generate, params))
+            with gate.member():  # hold every call until both requests have their first one pending
+                futures = [pool.submit(runner.generate, p) for p in params]
+                assert gate.wait_pending(2, timeout=300)
+            results = [f.result(timeout=300) for f in futures]
     assert max(r.stats.get("batch_rows", 1) for r in results) == 2  # they did share calls
     for strength, result in zip((0.6, 1.0), results):
         assert_images_close(result.image, reference("img2img", ckpt, strength), f"batched strength {strength}")

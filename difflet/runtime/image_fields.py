@@ -18,7 +18,7 @@ import msgspec
 
 from difflet.errors import DiffletError
 from difflet.runtime.images import ImageLimits, as_list, fit, load
-from difflet.runtime.request import Request
+from difflet.runtime.request import DERIVED, Request
 
 
 def _fail(field: str, message: str) -> DiffletError:
@@ -119,7 +119,7 @@ def face_values(request: Request) -> dict[str, Any]:
     """The field values that admit `request` again (a saved job after a restart): its images as
     the face gave them (the unresized original where one was kept), no derived field."""
     values = msgspec.structs.asdict(request)
-    original = values.pop("image_original")
+    original = {name: values.pop(name) for name in DERIVED}["image_original"]
     if original:
         values["image"] = original
     values["image"] = values["image"] or None
