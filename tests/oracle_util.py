@@ -48,12 +48,13 @@ def assert_images_close(got: np.ndarray, ref: np.ndarray, what: str = "image") -
     assert images_close(got, ref), f"{what}: {describe_match(got, ref)}"
 
 
-def planned_tiny(dsl: Path | str):
-    """A tiny description lowered and optimized as the tests serve it (tp1, cpu, inductor)."""
+def planned_tiny(dsl: Path | str, shapes: list[str] | None = None):
+    """A tiny description lowered (at `shapes`, shape buckets, when given) and optimized as the
+    tests serve it (tp1, cpu, inductor)."""
     from difflet.frontend.lower import lower_file
     from difflet.passes.pipeline import optimize
 
-    return optimize(lower_file(str(dsl)), parallel="tp1", target="cpu", backend="inductor")
+    return optimize(lower_file(str(dsl), shapes=shapes), parallel="tp1", target="cpu", backend="inductor")
 
 
 def random_checkpoint(module):

@@ -117,6 +117,28 @@ def test_bad_profile_override_is_located_at_the_parameter(profile: str, where: s
     assert r.stderr == f"error: {where}: {message}\n    {profile}\n"
 
 
+def test_a_profile_alias_follows_each_shape_bucket_and_takes_overrides_of_its_targets_type() -> None:
+    """flux-tiny-kontext says `image_width = width`: the input image's tokens follow each bucket's
+    size (and the VAE encoder's input with them); `--profile image_width=40` pins it (an integer,
+    the target's type) or names another parameter; a word that is neither is refused."""
+    from difflet.ir.buckets import views
+
+    kontext = "models/flux-tiny-kontext.dsl"
+
+    def shapes(module):
+        return (module.component("transformer").find(Op.INPUT)[0].results[0].type.shape,
+                module.component("vae_encoder").find(Op.INPUT)[0].results[0].type.shape)
+
+    sized = dict(views(lower_file(kontext, shapes=["32x32", "48x32"])))
+    assert shapes(sized["32x32"]) == ((1, 8 * 8 + 8 * 8, 16), (1, 3, 32, 32))
+    assert shapes(sized["48x32"]) == ((1, 8 * 12 + 8 * 12, 16), (1, 3, 32, 48))  # 48 wide: 12 token columns
+    assert shapes(lower_file(kontext, {"image_width": "40"})) == ((1, 8 * 8 + 8 * 10, 16), (1, 3, 32, 40))
+    assert shapes(lower_file(kontext, {"image_width": "height", "width": "48"})) == \
+        ((1, 8 * 12 + 8 * 8, 16), (1, 3, 32, 32))
+    r = _lower(kontext, "--profile", "image_width=wide")
+    assert r.exit_code == 2 and "--profile image_width='wide': expected an integer like the default 32" in r.stderr
+
+
 def test_profile_override_that_breaks_a_shape_is_located_in_the_dsl() -> None:
     r = _lower("models/flux-tiny.dsl", "--profile", "height=34")
     assert r.exit_code == 2

@@ -164,3 +164,32 @@ def test_any_bytes_decode_or_are_refused_naming_the_field(data):
         assert err.where == "image" and err.message.startswith("image: ")
     else:
         assert image.mode == "RGB" and image.width * image.height <= LIMITS.max_pixels
+
+
+def test_an_editing_profile_compiled_at_the_output_size_takes_its_size_from_the_image():
+    """`image_width = width` (flux-kontext): a request without a size gets the one the reference
+    pipeline gives its image (FluxKontextPipeline: floored to the multiple; with _auto_resize the
+    preferred size nearest its aspect ratio), which must be a served bucket; a given size must be
+    the image's. Oracle: the pipeline's sizing arithmetic written out per case."""
+    from difflet.families.flux.facts import FACTS
+
+    kontext = {**TEXT_ONLY, "images": 1, "image_width": "width", "image_height": "height", "image_multiple": 16,
+               "image_auto_resize": True}
+    sizes, preferred = ("1024x1024", "1392x752", "752x1392"), FACTS.input_sizes
+    # 1600x900 floors to 1600x896 (1.786): nearest preferred 1392x752 (1.851; 1328x800 is 1.66)
+    wide = encoded(Image.new("RGB", (1600, 900)))
+    kontext = {**kontext, "height": 1024, "width": 1024}
+    got = resolve_request(kontext, sizes, image=wide, image_limits=ImageLimits(1 << 22, 1 << 22),
+                          input_sizes=preferred, prompt="p")
+    assert (got.width, got.height) == (1392, 752) and (got.image[0].width, got.image[0].height) == (1392, 752)
+    with pytest.raises(DiffletError) as err:  # a 4:3 image snaps to 1184x880, not served here
+        resolve_request(kontext, sizes, image=encoded(Image.new("RGB", (800, 600))), input_sizes=preferred,
+                        prompt="p")
+    assert err.value.where == "image" and "sizes this 800x600 image to 1184x880" in err.value.message
+    with pytest.raises(DiffletError) as err:  # a size asked for that is not the image's
+        resolve_request(kontext, sizes, image=wide, image_limits=ImageLimits(1 << 22, 1 << 22),
+                        input_sizes=preferred, prompt="p", width=1024, height=1024)
+    assert err.value.where == "image" and "at the output size, 1024x1024" in err.value.message
+    tiny = {**TEXT_ONLY, "images": 1, "image_width": "width", "image_height": "height", "image_multiple": 4}
+    got = resolve_request(tiny, ("32x32", "48x32"), image=encoded(Image.new("RGB", (50, 33))), prompt="p")
+    assert (got.width, got.height) == (48, 32)  # no auto-resize: floored to the multiple of 4

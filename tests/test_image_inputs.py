@@ -45,6 +45,7 @@ _y, _x = np.mgrid[0:48, 0:40]
 INPUT = png(np.stack([_x * 6, _y * 5, (_x * _y) % 256, 255 - _y * 2], -1).astype(np.uint8))
 MASK = png(np.where((_x > 8) & (_x < 30) & (_y > 10) & (_y < 36), 255, 0).astype(np.uint8))
 MASK_2 = png(np.where(_x < 20, 255, 0).astype(np.uint8))
+KONTEXT_SIZES = ["32x32", "48x32"]
 
 
 # profile -> (description, reference pipeline class, its profile: size, guidance call arguments)
@@ -66,7 +67,8 @@ def arts(tmp_path_factory):
     def get(mode):
         if mode not in out:
             dsl = "flux-tiny-kontext" if mode == "kontext" else PROFILES[mode][0]
-            module = planned_tiny(REPO / "models" / f"{dsl}.dsl")
+            # Kontext compiles its input image at the output size: two buckets, two input sizes
+            module = planned_tiny(REPO / "models" / f"{dsl}.dsl", KONTEXT_SIZES if mode == "kontext" else None)
             ckpt = random_checkpoint(module)
             out[mode] = (compile_art(module, ckpt, tmp_path_factory.mktemp(mode)), ckpt)
         return out[mode]
@@ -119,11 +121,12 @@ def test_python_api_equals_the_reference_pipeline_at_two_strengths_with_referenc
     pipe.close()
 
 
-def test_kontext_editing_equals_the_reference_and_refuses_an_image_the_pipeline_sizes_otherwise(arts):
-    """FLUX.1 Kontext: the image's latents join the visual tokens at every step (compiled at the
-    image's own size). The reference runs with _auto_resize=False, what the tiny profile declares
-    (the preferred resolutions are ~1 MP), and max_area = the output's area (its default, 1024^2,
-    would resize a 32x32 output)."""
+def test_kontext_editing_equals_the_reference_at_each_input_size_and_refuses_one_it_does_not_serve(arts):
+    """FLUX.1 Kontext: the image's latents join the visual tokens at every step, compiled at the
+    output size of each shape bucket (`image_width = width`), so a request without a size takes
+    the size the pipeline gives its image. The reference runs with _auto_resize=False, what the
+    tiny profile declares (the preferred resolutions are ~1 MP), height/width = that size and
+    max_area = its area (the default, 1024^2, would resize a tiny output)."""
     import diffusers
     from diffusers.utils import load_image
 
@@ -132,34 +135,50 @@ def test_kontext_editing_equals_the_reference_and_refuses_an_image_the_pipeline_
 
     art, ckpt = arts("kontext")
     pipe = DiffletPipeline.from_artifacts(art)
-    count = Counted(pipe.runner.env.programs["transformer"])
-    pipe.runner.env.programs["transformer"] = count
-    # 35x34: floored to the pipeline's multiple of 4 it is the compiled 32x32, resized (lanczos) to it
-    source = png(np.stack([_x[:34, :35] * 7, _y[:34, :35] * 7, (_x * _y)[:34, :35] % 256], -1).astype(np.uint8))
-    got = np.asarray(pipe(PROMPT, image=source, num_inference_steps=STEPS, seed=SEED).images[0])
+    counts = {size: Counted(env.programs["transformer"]) for size, env in pipe.runner.envs.items()}
+    for size, env in pipe.runner.envs.items():
+        env.programs["transformer"] = counts[size]
     ref_pipe = diffusers.FluxKontextPipeline.from_pretrained(str(ckpt))
     ref_pipe.set_progress_bar_config(disable=True)
     calls: list = []
     ref_pipe.transformer.register_forward_hook(lambda *_: calls.append(1))
-    def reference_edit(image: bytes) -> np.ndarray:
-        out = ref_pipe(image=load_image(Image.open(io.BytesIO(image))), prompt=PROMPT, guidance_scale=3.5, height=32,
-                       width=32, max_area=32 * 32, _auto_resize=False, num_inference_steps=STEPS,
-                       max_sequence_length=32, generator=torch.Generator("cpu").manual_seed(SEED),
-                       output_type="np").images[0]
+
+    def reference_edit(image: bytes, width: int, height: int) -> np.ndarray:
+        out = ref_pipe(image=load_image(Image.open(io.BytesIO(image))), prompt=PROMPT, guidance_scale=3.5,
+                       height=height, width=width, max_area=width * height, _auto_resize=False,
+                       num_inference_steps=STEPS, max_sequence_length=32,
+                       generator=torch.Generator("cpu").manual_seed(SEED), output_type="np").images[0]
         return (out * 255).round().astype("uint8")
 
-    assert_images_close(got, reference_edit(source), "kontext")
-    assert count.calls == len(calls) == STEPS
+    # 35x34: floored to the pipeline's multiple of 4 it is 32x32, resized (lanczos) to it;
+    # 50x33 floors to 48x32, the other bucket: the output takes each image's size
+    source = png(np.stack([_x[:34, :35] * 7, _y[:34, :35] * 7, (_x * _y)[:34, :35] % 256], -1).astype(np.uint8))
+    wide = png(np.asarray(Image.open(io.BytesIO(source)).resize((50, 33), Image.Resampling.BICUBIC)))
+    got = np.asarray(pipe(PROMPT, image=source, num_inference_steps=STEPS, seed=SEED).images[0])
+    assert got.shape == (32, 32, 3)
+    assert_images_close(got, reference_edit(source, 32, 32), "kontext 32x32")
+    assert counts["32x32"].calls == len(calls) == STEPS
+    edited = np.asarray(pipe(PROMPT, image=wide, num_inference_steps=STEPS, seed=SEED).images[0])
+    assert edited.shape == (32, 48, 3)
+    assert_images_close(edited, reference_edit(wide, 48, 32), "kontext 48x32")
+    assert counts["48x32"].calls == STEPS  # the 48x32 bucket's own program, loaded from the artifact
     # another image changes the edit (its tokens are read: on random tiny weights only slightly,
-    # so the new output is held to the reference's for that image), and one the pipeline would
-    # size to 40x48 is refused before anything runs
+    # so the new output is held to the reference's for that image)
     square = png(np.asarray(Image.open(io.BytesIO(INPUT)).convert("RGB"))[:32, :32].copy())
     moved = np.asarray(pipe(PROMPT, image=square, num_inference_steps=STEPS, seed=SEED).images[0])
     assert not np.array_equal(moved, got)
-    assert_images_close(moved, reference_edit(square), "kontext, another image")
+    assert_images_close(moved, reference_edit(square, 32, 32), "kontext, another image")
+    # refused before anything runs: an image the pipeline sizes to 40x48 (no such bucket), and
+    # a 48x32 one asked for a 32x32 output (its tokens are compiled at the output size)
+    before = {size: c.calls for size, c in counts.items()}
     with pytest.raises(DiffletError) as err:
         pipe(PROMPT, image=INPUT, num_inference_steps=STEPS, seed=SEED)
     assert err.value.where == "image" and "sizes this 40x48 image to 40x48" in err.value.message
+    assert "does not serve (served: 32x32, 48x32)" in err.value.message
+    with pytest.raises(DiffletError) as err:
+        pipe(PROMPT, image=wide, height=32, width=32, num_inference_steps=STEPS, seed=SEED)
+    assert err.value.where == "image" and "compiles the input image at the output size, 32x32" in err.value.message
+    assert {size: c.calls for size, c in counts.items()} == before
     pipe.close()
 
 

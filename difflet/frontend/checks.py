@@ -19,7 +19,7 @@ import math
 from typing import Any, Mapping
 
 from difflet.frontend import ast
-from difflet.frontend.shapes import Source
+from difflet.frontend.shapes import Source, resolved
 from difflet.ir.nodes import Attrs
 
 TEXT_DIM_KEYS = ("joint_attention_dim", "text_embed_dim", "text_dim", "caption_channels")
@@ -69,9 +69,10 @@ def check_denoiser(src: Source, comp: ast.ComponentDecl, config: Attrs | None,
             raise src.error(f"profile {h}x{w} is not a multiple of {ps} pixels per latent token",
                             latent.span)
         want, implied = (h // ps) * (w // ps), f"(height/{ps})*(width/{ps})"
-        if isinstance(profile.get("image_width"), int) and isinstance(profile.get("image_height"), int):
+        image = [resolved(profile, k) if k in profile else None for k in ("image_width", "image_height")]
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in image):
             # an input image compiled at its own size joins the visual tokens (FLUX.1 Kontext)
-            want += (profile["image_height"] // ps) * (profile["image_width"] // ps)
+            want += (image[1] // ps) * (image[0] // ps)
             implied += f" + (image_height/{ps})*(image_width/{ps})"
         if latent_shape[1] != want:
             raise src.error(f"denoiser latent input {latent.name!r} has {latent_shape[1]} tokens but "

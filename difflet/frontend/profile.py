@@ -3,7 +3,8 @@
 Invariants:
 - The result keeps the DSL's parameter order; overrides replace values, never add keys.
 - An override takes the type of the default it replaces: an integer default accepts only an
-  integer, a float default a number, a bool `true`/`false`, a word/string any identifier.
+  integer, a float default a number, a bool `true`/`false`, a word/string any identifier; a
+  default naming another parameter (an alias) takes its target's type or another parameter's name.
 - A bad override is reported at the DSL parameter it targets (or the model header for an
   unknown key), with the offending `key=value` as snippet.
 """
@@ -14,7 +15,7 @@ from typing import Any
 
 from difflet.errors import DiffletError
 from difflet.frontend import ast
-from difflet.frontend.shapes import Source
+from difflet.frontend.shapes import Source, resolved
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*\Z")
 
@@ -50,7 +51,11 @@ def apply_overrides(src: Source, model: ast.ModelDecl, overrides: dict[str, str]
             known = ", ".join(profile) or "none"
             raise DiffletError(f"--profile: unknown profile parameter {key!r} (known: {known})",
                                where=src.loc(model.span), snippet=f"{key}={raw}")
-        profile[key] = _coerce(src, key, raw, profile[key], spans[key])
+        alias = isinstance(profile[key], str) and profile[key] in profile  # `image_width = width`
+        if alias and raw in profile:
+            profile[key] = raw
+        else:  # an alias takes its target's type
+            profile[key] = _coerce(src, key, raw, resolved(profile, key) if alias else profile[key], spans[key])
     return profile
 
 

@@ -2,7 +2,9 @@
 
 Invariants:
 - Integer `/` must divide exactly (a shape that silently truncates is a bug); `//` floors.
-- A name in an expression must be a profile parameter; anything else is an undefined name.
+- A name in an expression must be a profile parameter; anything else is an undefined name. A
+  parameter whose value is a word naming another parameter (`image_width = width`) has that
+  one's value, so it follows `--profile` overrides and every shape bucket's size.
 - `comp.key` reads component comp's config (and keys its family derives from it: `with_derived`);
   configs themselves may not refer to configs (an Evaluator built without `configs`), so there
   is no evaluation order to get wrong.
@@ -40,6 +42,16 @@ class Source:
         return DiffletError(message, where=self.loc(span), snippet=self.snippet(span))
 
 
+def resolved(profile: Mapping[str, Any], name: str) -> Any:
+    """Profile parameter `name`'s value, following words that name other parameters
+    (`image_width = width`); a cycle stops at its word."""
+    value, seen = profile[name], {name}
+    while isinstance(value, str) and value in profile and value not in seen:
+        seen.add(value)
+        value = profile[value]
+    return value
+
+
 class Evaluator:
     """Evaluates expressions and values against a profile (`name -> int | float | str`) and,
     when given, the component configs (`name -> Attrs`, or None: from a checkpoint not given)."""
@@ -57,7 +69,10 @@ class Evaluator:
             if e.name not in self.profile:
                 known = ", ".join(self.profile) or "none"
                 raise self.src.error(f"undefined name {e.name!r} (profile parameters: {known})", e.span)
-            value = self.profile[e.name]
+            value = resolved(self.profile, e.name)
+            if isinstance(value, str) and value in self.profile:
+                raise self.src.error(f"profile parameter {e.name!r} names {self.profile[e.name]!r}, which leads "
+                                     "back to it: an alias cycle", e.span)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise self.src.error(f"profile parameter {e.name!r} is {value!r}, not a number", e.span)
             return value

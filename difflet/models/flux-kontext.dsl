@@ -15,8 +15,8 @@ profile {
     max_text = 512      # T5 max_sequence_length, padded to max_length
     dtype    = bfloat16
     images   = 1        # one input image, its tokens appended to the denoiser's visual tokens
-    image_width  = 1024 # the input image is compiled at this size: served for inputs the pipeline's
-    image_height = 1024 # _auto_resize sizes to it (aspect ratio nearest 1:1 among its preferred sizes)
+    image_width  = width  # the input image is compiled at the output size: `--shapes` with the preferred
+    image_height = height # sizes (README: Image inputs) serves every aspect ratio _auto_resize picks
     image_multiple = 16 # the pipeline's vae_scale_factor * 2
     image_auto_resize = true
     batch    = 1        # requests per denoiser call; `--batch-sizes` compiles more

@@ -12,8 +12,8 @@ profile {
     clip_len = 16
     dtype    = float32
     images   = 1     # one input image, its tokens appended to the denoiser's visual tokens
-    image_width  = 32    # the input image is compiled at its own size: the pipeline's with
-    image_height = 32    # _auto_resize=False (its size floored to image_multiple)
+    image_width  = width   # the input image is compiled at the output size (each shape bucket's): the
+    image_height = height  # pipeline's with _auto_resize=False (its size floored to image_multiple)
     image_multiple = 4   # the pipeline's vae_scale_factor * 2
     image_auto_resize = false
     batch    = 1   # requests per denoiser call (`difflet lower --batch-sizes` adds more)

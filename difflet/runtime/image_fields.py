@@ -5,7 +5,8 @@ Invariants:
 - The profile says what it takes: `images = N` (an image-input profile: 1 to N images required),
   `mask = true` (inpainting: a mask of the image's size required), `strength = S` (the default
   strength; a profile without one takes none), `image_width`/`image_height` (the image compiled at
-  its own size, which the reference pipeline must give it; else it is fitted to the output size),
+  its own size, which the reference pipeline must give it; `width`/`height` there: at the output
+  size, so a request without a size takes its image's; else it is fitted to the output size),
   `image_original = true` (the unresized image too, for a pipeline that also reads it).
 - Every image is decoded once, bounded before decoding (runtime/images.py); every rejection is a
   DiffletError whose `where` is the field (`image`, `image[i]`, `mask_image`, `strength`).
@@ -17,7 +18,8 @@ from typing import Any, Mapping, Sequence
 import msgspec
 
 from difflet.errors import DiffletError
-from difflet.runtime.images import ImageLimits, as_list, fit, load
+from difflet.ir.buckets import served_sizes
+from difflet.runtime.images import ImageLimits, as_list, compiled_image_size, fit, follows_output, load
 from difflet.runtime.request import DERIVED, Request
 
 
@@ -62,11 +64,13 @@ def resolve_media(profile: Mapping[str, Any], request: Request, image: Any, mask
         return {}
     if limits is None:
         limits = ImageLimits.for_sizes(_areas(profile, sizes))
-    loaded = [load(x, "image" if len(images) == 1 else f"image[{i}]", limits) for i, x in enumerate(images)]
+    loaded = [load(x, _field(i, len(images)), limits) for i, x in enumerate(images)]
     size = [(request.width, request.height)] * len(loaded)
-    if "image_width" in profile:  # the image is compiled at its own size
-        size = [_input_size(profile, x, input_sizes, "image" if len(images) == 1 else f"image[{i}]")
-                for i, x in enumerate(loaded)]
+    compiled = compiled_image_size(profile, request.width, request.height)
+    if compiled is not None:  # the image is compiled at its own size
+        for i, x in enumerate(loaded):
+            _check_input_size(profile, x, compiled, input_sizes, _field(i, len(loaded)))
+        size = [compiled] * len(loaded)
     out: dict[str, Any] = {"image": tuple(fit(x, w, h, "RGB") for x, (w, h) in zip(loaded, size))}
     if profile.get("image_original", False):  # the pipeline also reads the image as given
         out["image_original"] = tuple(fit(x, x.width, x.height, "RGB") for x in loaded)
@@ -81,11 +85,31 @@ def resolve_media(profile: Mapping[str, Any], request: Request, image: Any, mask
     return out
 
 
-def _input_size(profile: Mapping[str, Any], image, input_sizes: Sequence[tuple[int, int]], field: str) -> tuple[int, int]:
-    """The compiled input-image size, when the reference pipeline gives `image` that size (as
-    an editing pipeline does: its own size floored to `image_multiple`, snapped to the family's
-    preferred size nearest its aspect ratio under `image_auto_resize`); else a DiffletError
-    naming `field`."""
+def size_from_image(profile: Mapping[str, Any], request: Request, image: Any, limits: ImageLimits | None,
+                    sizes: Sequence[str], input_sizes: Sequence[tuple[int, int]]) -> tuple[Request, Any]:
+    """(request, images): a request that gave no size, to a profile compiling its input image at the
+    output size (`follows_output`), takes the size the reference pipeline gives its first image,
+    which must be served; the images come back decoded (decoded once) for `resolve_media`.
+    Any other request comes back as it was."""
+    if request.width or request.height or not follows_output(profile) or image is None:
+        return request, image
+    images = as_list(image)
+    limits = limits or ImageLimits.for_sizes(_areas(profile, sizes))
+    loaded = [load(x, _field(i, len(images)), limits) for i, x in enumerate(images)]
+    width, height = pipeline_size(profile, loaded[0], input_sizes, _field(0, len(loaded)))
+    served = served_sizes(sizes) if sizes else (f"{profile['width']}x{profile['height']}",)
+    if f"{width}x{height}" not in served:
+        raise _fail(_field(0, len(loaded)), f"the reference pipeline sizes this {loaded[0].width}x{loaded[0].height} "
+                                            f"image to {width}x{height} ({_how(profile)}), which this server does not "
+                                            f"serve (served: {', '.join(served)})")
+    return msgspec.structs.replace(request, width=width, height=height), loaded
+
+
+def pipeline_size(profile: Mapping[str, Any], image, input_sizes: Sequence[tuple[int, int]],
+                  field: str) -> tuple[int, int]:
+    """The size an editing pipeline gives `image`: its own size floored to `image_multiple`,
+    snapped to the family's preferred size nearest its aspect ratio under `image_auto_resize`
+    (FluxKontextPipeline); a DiffletError naming `field` when it is below one multiple."""
     multiple = int(profile.get("image_multiple", 16))
     width, height = (x - x % multiple for x in image.size)
     if width < multiple or height < multiple:
@@ -93,13 +117,27 @@ def _input_size(profile: Mapping[str, Any], image, input_sizes: Sequence[tuple[i
     if profile.get("image_auto_resize", False) and input_sizes:
         _, width, height = min((abs(width / height - w / h), w, h) for w, h in input_sizes)
         width, height = width // multiple * multiple, height // multiple * multiple
-    compiled = (int(profile["image_width"]), int(profile["image_height"]))
+    return width, height
+
+
+def _check_input_size(profile: Mapping[str, Any], image, compiled: tuple[int, int],
+                      input_sizes: Sequence[tuple[int, int]], field: str) -> None:
+    """A DiffletError naming `field` unless the reference pipeline gives `image` the compiled size."""
+    width, height = pipeline_size(profile, image, input_sizes, field)
     if (width, height) != compiled:
-        how = "the preferred size nearest its aspect ratio" if profile.get("image_auto_resize", False) else \
-            f"its size floored to a multiple of {multiple}"
+        where = "the output size" if follows_output(profile) else "its own size"
         raise _fail(field, f"the reference pipeline sizes this {image.width}x{image.height} image to {width}x{height} "
-                           f"({how}); this server compiles the input image at {compiled[0]}x{compiled[1]}")
-    return compiled
+                           f"({_how(profile)}); this server compiles the input image at {where}, "
+                           f"{compiled[0]}x{compiled[1]}")
+
+
+def _how(profile: Mapping[str, Any]) -> str:
+    return "the preferred size nearest its aspect ratio" if profile.get("image_auto_resize", False) else \
+        f"its size floored to a multiple of {int(profile.get('image_multiple', 16))}"
+
+
+def _field(i: int, count: int) -> str:
+    return "image" if count == 1 else f"image[{i}]"
 
 
 def _mode(profile: Mapping[str, Any]) -> str:

@@ -118,6 +118,22 @@ def to_pil(pixels: Pixels):
     return Image.frombytes(pixels.mode, (pixels.width, pixels.height), pixels.data)
 
 
+def follows_output(profile) -> bool:
+    """Whether the profile compiles its input image at the output size (`image_width = width`,
+    `image_height = height`): each shape bucket is then also one input-image size."""
+    return profile.get("image_width") == "width" and profile.get("image_height") == "height"
+
+
+def compiled_image_size(profile, width: int, height: int) -> tuple[int, int] | None:
+    """(width, height) the profile compiles its input image at, for output `width` x `height`;
+    None when it fits the image to the output (no `image_width`)."""
+    if "image_width" not in profile:
+        return None
+    if follows_output(profile):
+        return width, height
+    return int(profile["image_width"]), int(profile["image_height"])
+
+
 def warm_up_inputs(profile, width: int, height: int) -> dict[str, Any]:
     """A warm-up request's image fields for an image-input profile (none for a text-only one):
     a gradient image, and a mask repainting its left half."""
@@ -125,8 +141,7 @@ def warm_up_inputs(profile, width: int, height: int) -> dict[str, Any]:
 
     if not int(profile.get("images", 0) or 0):
         return {}
-    if "image_width" in profile:  # an image compiled at its own size
-        width, height = int(profile["image_width"]), int(profile["image_height"])
+    width, height = compiled_image_size(profile, width, height) or (width, height)
     ramp = Image.linear_gradient("L").resize((width, height))
     image = Image.merge("RGB", (ramp, ramp.transpose(Image.Transpose.ROTATE_90).resize((width, height)),
                                 Image.new("L", (width, height), 96)))

@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 import msgspec
 
 from difflet.errors import DiffletError
-from difflet.runtime.image_fields import resolve_media, steps_run
+from difflet.runtime.image_fields import resolve_media, size_from_image, steps_run
 from difflet.runtime.images import ImageLimits
 from difflet.runtime.request import Request, check
 
@@ -151,6 +151,7 @@ def resolve_request(profile: Mapping[str, Any], sizes: Sequence[str] = (), adapt
     `image_limits` (default: sized for the served sizes); `input_sizes`: the family's preferred
     input sizes (FamilyFacts.input_sizes) of a profile compiling the image at its own size."""
     request = check(values)
+    request, image = size_from_image(profile, request, image, image_limits, sizes, input_sizes)
     if len(sizes) > 1:
         height, width, frames = _bucket_size(request.height, request.width, request.frames, profile, sizes)
     else:
