@@ -162,3 +162,24 @@ def test_the_first_latent_frame_is_the_image_and_its_timestep_is_zero(art):
     assert torch.equal(state.values["video_latents"][0, :tokens], first)
     assert len(seen) == 2 * STEPS and all((t[0, :tokens] == 0).all() and (t[0, tokens:] > 0).all() for t in seen)
     pipe.close()
+
+
+@pytest.mark.slow  # compiles the two-rank programs
+def test_context_parallel_serving_equals_the_reference_pipeline(art, reference_pipe, tmp_path):
+    """Image-to-video under a split layout: cp2 (Ulysses) cuts the video tokens across the two
+    ranks, so the per-token `video_timestep` (0 on the image's latent frame) must be cut with
+    them; a rank given the whole vector, or another rank's half, moves frame 0 far past the rule."""
+    from difflet import DiffletPipeline
+    from difflet.frontend.lower import lower_file
+    from difflet.passes.pipeline import optimize
+
+    module = optimize(lower_file(str(REPO / "models" / "ltx2-tiny-i2v.dsl")), parallel="cp2", attention="ulysses",
+                      target="cpu", backend="inductor")
+    assert str(random_checkpoint(module)) == str(art[1])  # the same random:0 weights as the reference's
+    with DiffletPipeline.from_artifacts(compile_art(module, art[1], tmp_path / "cp2")) as pipe:
+        assert pipe.runner.module.attrs["parallel"]["world"] == 2
+        video = pipe(PROMPT, NEGATIVE, image=INPUT, num_inference_steps=STEPS, seed=SEED, output_type="np").frames[0]
+    got = (np.stack(video) * 255).round().astype("uint8")
+    ref_video, _ = reference(reference_pipe, INPUT, SEED, [])
+    print(f"ltx2 i2v cp2 ulysses vs LTX2ImageToVideoPipeline: {describe_match(got, ref_video)}")
+    assert_images_close(got, ref_video, "ltx2 i2v cp2 ulysses")
