@@ -127,11 +127,12 @@ def follows_output(profile) -> bool:
 def compiled_image_size(profile, width: int, height: int) -> tuple[int, int] | None:
     """(width, height) the profile compiles its input image at, for output `width` x `height`;
     None when it fits the image to the output (no `image_width`)."""
+    from difflet.frontend.shapes import resolved
+
     if "image_width" not in profile:
         return None
-    if follows_output(profile):
-        return width, height
-    return int(profile["image_width"]), int(profile["image_height"])
+    sized = {**dict(profile.items()), "width": width, "height": height}  # an alias reads this size
+    return int(resolved(sized, "image_width")), int(resolved(sized, "image_height"))
 
 
 def warm_up_inputs(profile, width: int, height: int) -> dict[str, Any]:
