@@ -53,6 +53,17 @@ def test_an_image_input_pipeline_class_gets_its_description(tmp_path):
     assert description_for(str(kontext)).name == "flux-kontext.dsl"
 
 
+def test_a_wan_checkpoint_with_a_low_noise_expert_gets_the_two_expert_description():
+    """Wan2.2-T2V-A14B-Diffusers is a WanPipeline checkpoint whose model_index.json lists
+    transformer_2; a Wan 2.1 one lists it as [null, null] (WanPipeline's optional component)."""
+    two = random_checkpoint(planned_tiny(REPO / "models" / "wan2.2-tiny.dsl"))
+    assert json.loads((two / "model_index.json").read_text())["transformer_2"] == ["diffusers", "WanTransformer3DModel"]
+    assert description_for(str(two)).name == "wan2.2-a14b.dsl"
+    one = random_checkpoint(planned_tiny(REPO / "models" / "wan2.1-tiny.dsl"))
+    assert json.loads((one / "model_index.json").read_text())["transformer_2"] == [None, None]
+    assert description_for(str(one)).name == "wan2.1.dsl"
+
+
 def test_unsupported_missing_and_random_checkpoints_are_named(tmp_path):
     (tmp_path / "sd").mkdir()
     (tmp_path / "sd" / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline"}))

@@ -129,7 +129,8 @@ def materialize_checkpoint(module: Module, seed: int, dest: str | os.PathLike) -
     import diffusers
 
     head = {"_class_name": pipeline or "DiffusionPipeline", "_diffusers_version": diffusers.__version__}
-    index.update(getattr(programs(family), "INDEX_EXTRAS", {}) if family in FAMILIES else {})
+    extras = getattr(programs(family), "INDEX_EXTRAS", {}) if family in FAMILIES else {}
+    index = {**extras, **index}  # an optional component the description has (transformer_2) is listed
     (dest / "model_index.json").write_text(json.dumps({**head, **dict(sorted(index.items()))}, indent=2))
     return dest
 

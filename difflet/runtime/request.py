@@ -65,6 +65,10 @@ class Request(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     guidance: Optional[Annotated[float, Meta(ge=0, le=100, extra={"api": "guidance_scale",
                                                                    "http": "guidance_scale"},
                        description="guidance scale, at most 100 (default: the profile's)")]] = None
+    guidance_2: Optional[Annotated[float, Meta(ge=0, le=100, extra={"api": "guidance_scale_2",
+                                                                     "http": "guidance_scale_2"},
+                         description=("two-expert models (Wan 2.2 A14B): the low-noise expert's guidance scale "
+                                      "(default: `guidance` when that is given, else the profile's)"))]] = None
     height: Annotated[int, Meta(ge=0, extra={"http": "size"}, description=(
         "one of the served sizes (0 = the default size)"))] = 0
     width: Annotated[int, Meta(ge=0, extra={"http": "size"}, description=(

@@ -92,6 +92,19 @@ def _frames(frames: int, profile: Mapping[str, Any]) -> int:
     return expected
 
 
+def _guidance_2(request: Request, profile: Mapping[str, Any]) -> float | None:
+    """A two-expert profile's (`guidance_2`) low-noise scale: the request's; else its `guidance`
+    (WanPipeline's guidance_scale_2=None); else the profile's. None for a one-denoiser profile."""
+    if "guidance_2" not in profile:
+        if request.guidance_2 is not None:
+            raise _fail("guidance_2", "this model has one denoiser; guidance_2 is a two-expert model's "
+                                      "(Wan 2.2 A14B) low-noise guidance scale")
+        return None
+    for value in (request.guidance_2, request.guidance, profile["guidance_2"]):
+        if value is not None:
+            return float(value)
+
+
 MAX_LORA_SCALE = 8.0
 ADAPTER_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # also the request field's pattern (request.lora)
 
@@ -167,6 +180,7 @@ def resolve_request(profile: Mapping[str, Any], sizes: Sequence[str] = (), adapt
         request, frames=frames, **media,
         steps=int(profile["steps"]) if request.steps is None else request.steps,
         guidance=float(profile["guidance"]) if request.guidance is None else request.guidance,
+        guidance_2=_guidance_2(request, profile),
         request_id=request.request_id or uuid.uuid4().hex[:16],
         cache=check_cache_mode(request.cache, calibrations=calibrations) if request.cache.strip() else "",
         lora=check_lora(request.lora, adapters or {}))

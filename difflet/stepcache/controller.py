@@ -143,6 +143,12 @@ class StepCache:
         self.changes.append(change)
         return change
 
+    def restart(self) -> None:
+        """Forget the outputs seen so far (the model changed: Wan 2.2's expert switch), so the next
+        two steps are full and later estimates extrapolate the new model's outputs only."""
+        self.prev = self.delta = self.first_change = None
+        self.computed, self.cache_next, self.accumulated = [], False, 0.0
+
     def cached(self) -> torch.Tensor:
         """The estimate for a cached step: previous used output + last measured change."""
         out = self.prev + self.delta if self.mode.forecast is None else forecast(self.computed, self.step)

@@ -1,8 +1,11 @@
-"""Wan 2.1's facts: WanPipeline's prompt_clean, cfg guidance, 16 fps, and the keys a description's
-shapes read that AutoencoderKLWan's config does not state (`vae_derived`)."""
+"""Wan 2.1's facts (and Wan 2.2 A14B's, the same classes): WanPipeline's prompt_clean, cfg guidance,
+16 fps, the description a checkpoint takes, and the keys a description's shapes read that
+AutoencoderKLWan's config does not state (`vae_derived`)."""
 from __future__ import annotations
 
 import html
+import json
+from pathlib import Path
 
 from difflet.families.facts import FamilyFacts
 from difflet.families.split_globs import ATTN_COL, paths
@@ -64,8 +67,15 @@ def vae_derived(config: dict) -> dict[str, int]:
     return derived
 
 
+def description(ckpt: Path) -> str:
+    """wan2.2-a14b for a WanPipeline checkpoint with a low-noise expert (model_index.json lists a
+    transformer_2, as Wan2.2-T2V-A14B-Diffusers does), else wan2.1."""
+    second = json.loads((Path(ckpt) / "model_index.json").read_text()).get("transformer_2")
+    return "wan2.2-a14b" if isinstance(second, list) and second and second[0] else "wan2.1"
+
+
 FACTS = FamilyFacts(
-    description=lambda ckpt: "wan2.1",
+    description=description,
     pipelines={"WanImageToVideoPipeline": "wan2.1-i2v"},  # Wan2.1-I2V-14B-*-Diffusers
     prompt_text=lambda prompt, templated: prompt_clean(prompt), default_guidance="cfg", fps=lambda module: FPS,
     rules={DENOISER: {

@@ -78,9 +78,12 @@ def encode_prompt(env: HostEnv, step: Node, state: RequestState) -> None:
 
 
 def _transformer(env: HostEnv) -> Node:
+    """The (first) denoiser: Wan 2.2 A14B's two experts take and give the same shapes and dtypes,
+    and WanPipeline reads the first's config for them as well."""
     denoisers = env.module.components("denoiser")
-    if len(denoisers) != 1:
-        raise DiffletError(f"wan needs one denoiser, the module has {len(denoisers)}", where="schedule")
+    if len(denoisers) not in (1, 2):
+        raise DiffletError(f"wan needs one denoiser (two: Wan 2.2's experts), the module has {len(denoisers)}",
+                           where="schedule")
     return denoisers[0]
 
 
@@ -161,9 +164,9 @@ def _temporal_scale(env: HostEnv) -> int:
 
 
 def predict_noise(env: HostEnv, name: str, state: RequestState, latents: torch.Tensor,
-                  t: torch.Tensor) -> torch.Tensor:
-    """One step's model output: cond (and uncond + CFG combine when guidance > 1; one call for
-    both passes under a cfg2 layout, host/cfg.py)."""
+                  t: torch.Tensor, scale: float) -> torch.Tensor:
+    """One step's model output: cond (and uncond + CFG combine at `scale` when there is a negative
+    pass; one call for both passes under a cfg2 layout, host/cfg.py)."""
     negative = state.values.get("negative_prompt_embeds")
     cond, uncond = predict_branches(env, name, denoiser_inputs(state, latents, t, state.values["prompt_embeds"]),
                                     denoiser_inputs(state, latents, t, negative) if negative is not None else None)
@@ -171,7 +174,7 @@ def predict_noise(env: HostEnv, name: str, state: RequestState, latents: torch.T
     if uncond is None:
         return cond
     uncond = next(iter(uncond.values()))
-    return uncond + state.params.guidance * (cond - uncond)
+    return uncond + scale * (cond - uncond)
 
 
 def denoiser_inputs(state: RequestState, latents: torch.Tensor, t: torch.Tensor, text: torch.Tensor) -> dict:
@@ -185,9 +188,40 @@ def denoiser_inputs(state: RequestState, latents: torch.Tensor, t: torch.Tensor,
 
 @host_step("wan.denoise", phase="denoise")
 def denoise(env: HostEnv, step: Node, state: RequestState) -> None:
-    """The step's scheduler (UniPC flow for Wan 2.1) over `steps` timesteps, true CFG."""
-    (name,) = step.args
+    """The step's scheduler (UniPC flow for Wan 2.1) over `steps` timesteps, true CFG. With two
+    denoisers (Wan 2.2 A14B: WanPipeline's transformer and transformer_2) and `boundary_ratio`, the
+    first runs the steps with t >= boundary_ratio x num_train_timesteps at `guidance`, the second
+    the rest at `guidance_2`, as WanPipeline's loop picks them."""
+    names = tuple(step.args)
     guidance(step, FACTS, ("cfg",))
+    ratio = step.attrs.get("boundary_ratio")
+    if len(names) != (1 if ratio is None else 2):
+        raise DiffletError(f"wan.denoise takes one denoiser, or two with `boundary_ratio` (a high-noise and a "
+                           f"low-noise expert); got {len(names)} and boundary_ratio {ratio}", where=step.loc)
+    for name in names:
+        _check_inputs(env, name, state, step)
+    scheduler = make_scheduler(step)
+    scheduler.set_timesteps(state.params.steps, device="cpu")
+    scheduler.set_begin_index(0)
+    boundary = None if ratio is None else float(ratio) * scheduler.config.num_train_timesteps
+    scales = (state.params.guidance, state.params.guidance_2)
+
+    def predict(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        expert = 0 if boundary is None or t >= boundary else 1
+        return predict_noise(env, names[expert], state, x, t, scales[expert])
+
+    # the step cache restarts at the switch: an estimate extrapolated from the other expert's
+    # outputs is not one of this expert's (README: Wan 2.2, measured)
+    switch = [i for i, t in enumerate(scheduler.timesteps) if boundary is not None and t < boundary][:1]
+    state.values["latents"] = cached_loop(
+        env, state, scheduler, scheduler.timesteps, state.values["latents"], predict=predict,
+        # the conditional pass's inputs; the probe's feature reads no text, so either pass's is the same
+        probe_inputs=lambda x, t: denoiser_inputs(state, x, t, state.values["prompt_embeds"]),
+        restart_at=switch)
+
+
+def _check_inputs(env: HostEnv, name: str, state: RequestState, step: Node) -> None:
+    """Refuse a denoiser taking inputs this step does not provide (naming them)."""
     node = env.component(name)
     known = ("hidden_states", "timestep", "encoder_hidden_states") + \
         (("encoder_hidden_states_image",) if "condition" in state.values else ())
@@ -196,14 +230,6 @@ def denoise(env: HostEnv, step: Node, state: RequestState) -> None:
     if extra:  # Wan attends its zero-padded text unmasked: nothing else crosses per request
         raise DiffletError(f"transformer {name!r} takes inputs {extra} that wan.denoise does not "
                            f"provide", where=step.loc)
-    scheduler = make_scheduler(step)
-    scheduler.set_timesteps(state.params.steps, device="cpu")
-    scheduler.set_begin_index(0)
-    state.values["latents"] = cached_loop(
-        env, state, scheduler, scheduler.timesteps, state.values["latents"],
-        predict=lambda x, t: predict_noise(env, name, state, x, t),
-        # the conditional pass's inputs; the probe's feature reads no text, so either pass's is the same
-        probe_inputs=lambda x, t: denoiser_inputs(state, x, t, state.values["prompt_embeds"]))
 
 
 @host_step("wan.decode", phase="decode")

@@ -7,7 +7,7 @@ Invariants:
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Callable, Collection
 
 import torch
 
@@ -19,7 +19,8 @@ from difflet.stepcache.plan import OFF, StepHooks
 def cached_loop(env: HostEnv, state: RequestState, scheduler, timesteps, latents: torch.Tensor,
                 predict: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                 probe_inputs: Callable[[torch.Tensor, torch.Tensor], dict] | None = None,
-                blend: Callable[[int, torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+                blend: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
+                restart_at: Collection[int] = ()) -> torch.Tensor:
     """The sampling loop with step caching decided on the host (difflet.stepcache.controller).
 
     `predict(latents, t)` is one step's model output (all of a true-CFG step's denoiser calls and
@@ -27,7 +28,8 @@ def cached_loop(env: HostEnv, state: RequestState, scheduler, timesteps, latents
     through the same `scheduler.step`. The probe (calibrated mode) runs on `probe_inputs(latents,
     t)` before every step's decision; a family without a probe passes None and calibrated mode is
     refused. `blend(i, latents)` replaces the latents after step i's scheduler update (an
-    inpainting blend). Hooks: stop check before each step, progress after it. Stats land in
+    inpainting blend). At each step of `restart_at` (where the denoiser changes: Wan 2.2's expert
+    switch) the cache forgets its history, so no estimate crosses models. Hooks: stop check before each step, progress after it. Stats land in
     `state.values["cache_stats"]`.
     """
 
@@ -42,6 +44,9 @@ def cached_loop(env: HostEnv, state: RequestState, scheduler, timesteps, latents
     ms = {"full_step_ms": 0.0, "cached_step_ms": 0.0, "probe_ms": 0.0}
     scores: list[float | None] = []
     if cache.mode.kind == "block":
+        if restart_at:
+            raise DiffletError("block caching does not cross a change of denoiser (a two-expert model); use "
+                               "cadence, online-delta or calibrated", where="cache")
         return _block_loop(state, hooks, scheduler, timesteps, latents, predict, cache, ms, blend)
     for i, t in enumerate(timesteps):
         hooks.before_step()
@@ -54,6 +59,8 @@ def cached_loop(env: HostEnv, state: RequestState, scheduler, timesteps, latents
             scores.append(score)
             ms["probe_ms"] += (time.perf_counter() - start) * 1000.0
         start = time.perf_counter()  # step cost without the probe: decision + output + update
+        if i in restart_at:
+            cache.restart()
         cached = cache.decide(i, score)
         if cached:
             noise_pred = cache.cached()
