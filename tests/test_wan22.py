@@ -36,8 +36,9 @@ def reference_pipe(art):
     return pipe
 
 
-def reference(pipe, seed: int, steps: int, guidance: float, guidance_2: float | None, calls: dict) -> np.ndarray:
-    hooks = [getattr(pipe, name).register_forward_hook(lambda *_, n=name: calls.setdefault(n, []).append(1))
+def reference(pipe, seed: int, steps: int, guidance: float, guidance_2: float | None, calls: list) -> np.ndarray:
+    """WanPipeline's uint8 frames; `calls` gets the expert of every transformer call, in order."""
+    hooks = [getattr(pipe, name).register_forward_hook(lambda *_, n=name: calls.append(n))
              for name in ("transformer", "transformer_2")]
     try:
         out = pipe(PROMPT, generator=torch.Generator("cpu").manual_seed(seed), num_inference_steps=steps,
@@ -49,32 +50,57 @@ def reference(pipe, seed: int, steps: int, guidance: float, guidance_2: float | 
     return (out.frames[0] * 255).round().astype(np.uint8)
 
 
+def counting(runner, calls: list) -> None:
+    """Wrap both experts' programs so `calls` gets the expert of every call, in order."""
+    for name in ("transformer", "transformer_2"):
+        program = runner.env.programs[name]
+        runner.env.programs[name] = lambda *a, p=program, n=name: calls.append(n) or p(*a)
+
+
 @pytest.mark.parametrize("steps,guidance,guidance_2", [
     (None, None, None),  # the profile's: 4 steps, 4.0 high-noise, 3.0 low-noise
     (6, 5.0, None),      # guidance alone sets both (WanPipeline's guidance_scale_2=None)
-    (6, 4.0, 1.5),       # a low-noise scale of its own
+    (9, 4.0, 1.5),       # a low-noise scale of its own
 ])
 def test_each_expert_runs_its_steps_at_its_scale_equal_to_wanpipeline(art, reference_pipe, steps, guidance,
                                                                       guidance_2):
+    """At three step counts the switch falls where the pipeline's does: the same expert for every
+    call, in order (cond and uncond of each step)."""
     from difflet.runtime.runner import ModelRunner
 
+    calls: list = []
     with ModelRunner.from_artifacts(art[0]) as runner:
-        calls: dict = {}
-        for name in ("transformer", "transformer_2"):
-            program = runner.env.programs[name]
-            runner.env.programs[name] = lambda *a, p=program, n=name: calls.setdefault(n, []).append(1) or p(*a)
+        counting(runner, calls)
         params = runner.resolve(prompt=PROMPT, seed=11, steps=steps, guidance=guidance, guidance_2=guidance_2)
         result = runner.generate(params)
     request = params.request
     assert (request.guidance, request.guidance_2) == ((4.0, 3.0) if guidance is None else
                                                       (guidance, guidance if guidance_2 is None else guidance_2))
-    ref_calls: dict = {}
+    ref_calls: list = []
     ref = reference(reference_pipe, 11, request.steps, request.guidance, request.guidance_2, ref_calls)
-    print(f"wan2.2 two experts vs WanPipeline: {describe_match(result.video, ref)}")
+    print(f"wan2.2 two experts, {request.steps} steps, vs WanPipeline: {describe_match(result.video, ref)}; "
+          f"experts {''.join('H' if c == 'transformer' else 'L' for c in calls[::2])}")
     assert_images_close(result.video, ref, "wan2.2 video vs WanPipeline")
-    # the same steps on each expert as the pipeline (both passes of CFG each), and both experts ran
-    assert {n: len(c) for n, c in calls.items()} == {n: len(c) for n, c in ref_calls.items()}
-    assert len(calls["transformer"]) > 0 and len(calls["transformer_2"]) > 0
+    assert calls == ref_calls and len(calls) == 2 * request.steps
+    assert "transformer" in calls and "transformer_2" in calls  # the switch falls inside the steps
+
+
+def test_served_by_difflet_runtime_equals_wanpipeline(art, reference_pipe):
+    """Through the real server (gRPC, --lossless-video so the MP4 frames are the generated ones):
+    the profile's defaults and a request's guidance_2."""
+    from difflet.runtime import client
+    from difflet.runtime.demo import start_server, stop_server
+    from difflet.runtime.media import decode_mp4
+
+    proc, address = start_server(art[0], args=("--lossless-video",))
+    try:
+        served = [decode_mp4(client.generate(address, PROMPT, 5, timeout=600, **kw).mp4)[0]
+                  for kw in ({}, {"guidance_2": 1.5})]
+    finally:
+        assert stop_server(proc) == 0
+    for frames, guidance_2 in zip(served, (3.0, 1.5)):
+        assert_images_close(frames, reference(reference_pipe, 5, 4, 4.0, guidance_2, []),
+                            f"served wan2.2, guidance_2 {guidance_2}")
 
 
 def test_the_experts_and_the_low_noise_scale_matter(art):
@@ -131,14 +157,12 @@ def test_both_experts_split_and_cfg_parallel_equal_wanpipeline(art, reference_pi
                       backend="inductor")
     assert str(random_checkpoint(module)) == str(art[1])
     with ModelRunner.from_artifacts(compile_art(module, art[1], tmp_path / "split")) as runner:
-        calls: dict = {}
-        for name in ("transformer", "transformer_2"):
-            program = runner.env.programs[name]
-            runner.env.programs[name] = lambda *a, p=program, n=name: calls.setdefault(n, []).append(1) or p(*a)
+        calls: list = []
+        counting(runner, calls)
         video = runner.generate(runner.resolve(prompt=PROMPT, seed=11, steps=6)).video
-    ref_calls: dict = {}
+    ref_calls: list = []
     ref = reference(reference_pipe, 11, 6, 4.0, 3.0, ref_calls)
     assert_images_close(video, ref, f"wan2.2 {parallel} vs WanPipeline")
     # the layout changes calls per pass (cfg2: one for both; tp: one per rank), not which expert runs
-    high, low = len(calls["transformer"]), len(calls["transformer_2"])
-    assert high > 0 and high * len(ref_calls["transformer_2"]) == low * len(ref_calls["transformer"])
+    high, low = calls.count("transformer"), calls.count("transformer_2")
+    assert high > 0 and high * ref_calls.count("transformer_2") == low * ref_calls.count("transformer")
