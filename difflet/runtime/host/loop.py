@@ -29,8 +29,8 @@ def cached_loop(env: HostEnv, state: RequestState, scheduler, timesteps, latents
     t)` before every step's decision; a family without a probe passes None and calibrated mode is
     refused. `blend(i, latents)` replaces the latents after step i's scheduler update (an
     inpainting blend). At each step of `restart_at` (where the denoiser changes: Wan 2.2's expert
-    switch) the cache forgets its history, so no estimate crosses models. Hooks: stop check before each step, progress after it. Stats land in
-    `state.values["cache_stats"]`.
+    switch) the cache forgets its history, so no estimate crosses models. Hooks: stop check
+    before each step, progress after it. Stats land in `state.values["cache_stats"]`.
     """
 
     plan = getattr(state.params, "cache", None) or OFF
