@@ -212,7 +212,7 @@ def denoise(env: HostEnv, step: Node, state: RequestState) -> None:
 
     # the step cache restarts at the switch: an estimate extrapolated from the other expert's
     # outputs is not one of this expert's (README: Wan 2.2, measured)
-    switch = [i for i, t in enumerate(scheduler.timesteps) if boundary is not None and t < boundary][:1]
+    switch = [] if boundary is None else [i for i, t in enumerate(scheduler.timesteps) if t < boundary][:1]
     state.values["latents"] = cached_loop(
         env, state, scheduler, scheduler.timesteps, state.values["latents"], predict=predict,
         # the conditional pass's inputs; the probe's feature reads no text, so either pass's is the same
