@@ -25,7 +25,7 @@ from difflet.frontend.checkpoint_config import same_value
 from difflet.ir.nodes import Attrs, Module, Node, Op, thaw
 
 # Bump when materialize_checkpoint writes something different for the same inputs (store key).
-MATERIALIZE_VERSION = 2
+MATERIALIZE_VERSION = 3
 
 def resolve_class(qualified: str, where: Any = None) -> type:
     """`diffusers.<Class>` (or `transformers.<Class>`) -> the class; a clear DiffletError when it is not there."""
@@ -130,7 +130,9 @@ def materialize_checkpoint(module: Module, seed: int, dest: str | os.PathLike) -
 
     head = {"_class_name": pipeline or "DiffusionPipeline", "_diffusers_version": diffusers.__version__}
     extras = getattr(programs(family), "INDEX_EXTRAS", {}) if family in FAMILIES else {}
-    index = {**extras, **index}  # an optional component the description has (transformer_2) is listed
+    for name, entry in extras.items():  # an absent-component entry ([None, None]) never hides a written one
+        if entry[0] is not None or name not in index:
+            index[name] = entry
     (dest / "model_index.json").write_text(json.dumps({**head, **dict(sorted(index.items()))}, indent=2))
     return dest
 
