@@ -130,6 +130,8 @@ def materialize_checkpoint(module: Module, seed: int, dest: str | os.PathLike) -
 
     head = {"_class_name": pipeline or "DiffusionPipeline", "_diffusers_version": diffusers.__version__}
     extras = getattr(programs(family), "INDEX_EXTRAS", {}) if family in FAMILIES else {}
+    if family in FAMILIES and hasattr(programs(family), "index_config"):  # the pipeline's registered config
+        head.update(programs(family).index_config(module))
     for name, entry in extras.items():  # an absent-component entry ([None, None]) never hides a written one
         if entry[0] is not None or name not in index:
             index[name] = entry

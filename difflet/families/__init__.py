@@ -5,7 +5,8 @@ A family is one folder `difflet/families/<family>/` holding everything Difflet k
   templates, default guidance, served fps, its denoisers' split rules and what codegen builds;
   read by the planner (difflet/passes) and the API process;
 - `programs.py`: `CLASSES = {"<library>.<Class>": ClassDecl}` (codegen/decl.py) and optionally
-  `INDEX_EXTRAS` (extra model_index.json entries of a materialized checkpoint) and `FP32_ROPE`
+  `INDEX_EXTRAS` (extra model_index.json entries of a materialized checkpoint), `index_config`
+  (fn(module) -> the pipeline config such a model_index.json states) and `FP32_ROPE`
   ({"<submodule class>": fn(module) -> bool}, codegen/rope.py); read by codegen;
 - `host.py`: its host steps (`@host_step("<family>.<step>", ...)`), read by the runtime;
 - any private modules those import (attention processors, VAE adapters, ...).

@@ -1,18 +1,23 @@
-"""Wan 2.1's facts (and Wan 2.2 A14B's, the same classes): WanPipeline's prompt_clean, cfg guidance,
-16 fps, the description a checkpoint takes, and the keys a description's shapes read that
-AutoencoderKLWan's config does not state (`vae_derived`)."""
+"""Wan 2.1's facts (and Wan 2.2's, the same classes): WanPipeline's prompt_clean, cfg guidance,
+the fps `wan.decode` declares, the description a checkpoint takes, and the keys a description's
+shapes read that AutoencoderKLWan's config does not state (`vae_derived`)."""
 from __future__ import annotations
 
 import html
 import json
 from pathlib import Path
 
-from difflet.families.facts import FamilyFacts
+from difflet.families.facts import FamilyFacts, step_attr
 from difflet.families.split_globs import ATTN_COL, paths
 
 DENOISER = "diffusers.WanTransformer3DModel"
 
 FPS = 16.0  # the fps WanPipeline's examples export at (export_to_video(..., fps=16))
+
+
+def fps(module) -> float:
+    """`wan.decode`'s `fps` (Wan 2.2 TI2V-5B's 24), else Wan 2.1's 16."""
+    return float(step_attr(module, "wan.decode", "fps", FPS))
 
 
 def prompt_clean(text: str) -> str:
@@ -45,17 +50,16 @@ def vae_derived(config: dict) -> dict[str, int]:
       inputs of that level's cached convs in decode order: conv_in (z_dim) and the mid block's 2
       resnets at level 0, up block k's resnets (conv1 and conv2 each) and its temporal upsampler's
       time_conv, conv_out at the last level.
-    The Wan 2.2 residual VAE (is_residual) has another structure: no keys for it."""
+    Wan 2.2's residual VAE (is_residual, TI2V-5B) has the same cached convs, but its upsamplers keep
+    their channels (`upsample_out_dim=out_dim`), so no up block's input is halved."""
     cfg = {**VAE_DEFAULTS, **config}
-    if cfg["is_residual"]:
-        return {}
     dim = cfg["decoder_base_dim"] or cfg["base_dim"]
     mult, blocks = list(cfg["dim_mult"]), int(cfg["num_res_blocks"]) + 1
     upsample_t = list(cfg["temperal_downsample"])[::-1]
     dims = [dim * m for m in [mult[-1], *mult[::-1]]]  # WanDecoder3d's dims
     derived = {"scale_factor_temporal": 2 ** sum(bool(upsample_t[i]) for i in range(len(mult) - 1))}
     for i, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:])):
-        in_dim = in_dim // 2 if i > 0 else in_dim  # Wan 2.1: the previous upsampler halved it
+        in_dim = in_dim // 2 if i > 0 and not cfg["is_residual"] else in_dim  # Wan 2.1's upsampler halves
         channels = in_dim + (2 * blocks - 1) * out_dim
         if i == 0:
             channels += cfg["z_dim"] + 4 * dims[0]  # conv_in, the mid block's two resnets
@@ -68,16 +72,20 @@ def vae_derived(config: dict) -> dict[str, int]:
 
 
 def description(ckpt: Path) -> str:
-    """wan2.2-a14b for a WanPipeline checkpoint with a low-noise expert (model_index.json lists a
-    transformer_2, as Wan2.2-T2V-A14B-Diffusers does), else wan2.1."""
-    second = json.loads((Path(ckpt) / "model_index.json").read_text()).get("transformer_2")
-    return "wan2.2-a14b" if isinstance(second, list) and second and second[0] else "wan2.1"
+    """From model_index.json: wan2.2-a14b for a WanPipeline with a low-noise expert (it lists a
+    transformer_2, as Wan2.2-T2V-A14B-Diffusers does), wan2.2-ti2v-5b for one with expand_timesteps
+    (Wan2.2-TI2V-5B-Diffusers), else wan2.1."""
+    index = json.loads((Path(ckpt) / "model_index.json").read_text())
+    second = index.get("transformer_2")
+    if isinstance(second, list) and second and second[0]:
+        return "wan2.2-a14b"
+    return "wan2.2-ti2v-5b" if index.get("expand_timesteps") is True else "wan2.1"
 
 
 FACTS = FamilyFacts(
     description=description,
     pipelines={"WanImageToVideoPipeline": "wan2.1-i2v"},  # Wan2.1-I2V-14B-*-Diffusers
-    prompt_text=lambda prompt, templated: prompt_clean(prompt), default_guidance="cfg", fps=lambda module: FPS,
+    prompt_text=lambda prompt, templated: prompt_clean(prompt), default_guidance="cfg", fps=fps,
     rules={DENOISER: {
         "column": paths("blocks.*.attn1", ATTN_COL) + paths("blocks.*.attn2", ATTN_COL) + ("blocks.*.ffn.net.0.proj",),
         "row": ("blocks.*.attn1.to_out.0", "blocks.*.attn2.to_out.0", "blocks.*.ffn.net.2"),

@@ -191,13 +191,18 @@ def denoise(env: HostEnv, step: Node, state: RequestState) -> None:
     """The step's scheduler (UniPC flow for Wan 2.1) over `steps` timesteps, true CFG. With two
     denoisers (Wan 2.2 A14B: WanPipeline's transformer and transformer_2) and `boundary_ratio`, the
     first runs the steps with t >= boundary_ratio x num_train_timesteps at `guidance`, the second
-    the rest at `guidance_2`, as WanPipeline's loop picks them."""
+    the rest at `guidance_2`, as WanPipeline's loop picks them. `expand_timesteps` (Wan 2.2
+    TI2V-5B) is WanPipeline's per-token t; in text to video every token's is the step's t, which
+    the transformer's modulation reads exactly as the one t the program takes."""
     names = tuple(step.args)
     guidance(step, FACTS, ("cfg",))
     ratio = step.attrs.get("boundary_ratio")
     if len(names) != (1 if ratio is None else 2):
         raise DiffletError(f"wan.denoise takes one denoiser, or two with `boundary_ratio` (a high-noise and a "
                            f"low-noise expert); got {len(names)} and boundary_ratio {ratio}", where=step.loc)
+    if step.attrs.get("expand_timesteps") and "condition" in state.values:
+        raise DiffletError("wan.denoise with expand_timesteps serves text to video only: image "
+                           "conditioning needs a per-token timestep, which is not built", where=step.loc)
     for name in names:
         _check_inputs(env, name, state, step)
     scheduler = make_scheduler(step)
@@ -236,7 +241,7 @@ def _check_inputs(env: HostEnv, name: str, state: RequestState, step: Node) -> N
 def decode(env: HostEnv, step: Node, state: RequestState) -> None:
     """De-normalize, decode latent frame by latent frame through the chunk program (causal
     caches carried between calls; zeros before frame 0, where `first` = 1 makes the program
-    ignore them), VideoProcessor postprocess -> uint8 [F, H, W, 3] at 16 fps."""
+    ignore them), VideoProcessor postprocess -> uint8 [F, H, W, 3] at the step's `fps` (16: Wan 2.1's)."""
     from diffusers.video_processor import VideoProcessor
 
     (name,) = step.args
@@ -262,4 +267,4 @@ def decode(env: HostEnv, step: Node, state: RequestState) -> None:
     processor = VideoProcessor(vae_scale_factor=int(env.profile["height"]) // latents.shape[3])
     array = processor.postprocess_video(video, output_type="np")[0]
     state.video = (array * 255).round().astype(np.uint8)
-    state.fps = FPS
+    state.fps = float(step.attrs.get("fps", FPS))

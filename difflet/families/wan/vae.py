@@ -21,7 +21,8 @@ Invariants:
   without cache, cache_x = [zeros, x]) is the two-zero-frame cache. Hence bit-faithful.
 - Slots are grouped by spatial level (in order of first use) and concatenated over channels:
   IR input `cache<k>` / output `next_cache<k>` is level k, slots in decoder order.
-- post_quant_conv (1x1x1) is applied per chunk, clamp(-1, 1) per output frame: both per frame.
+- post_quant_conv (1x1x1) is applied per chunk, clamp(-1, 1) per output frame: both per frame;
+  so is Wan 2.2's unpatchify (a pixel rearrangement within each frame).
 """
 from __future__ import annotations
 
@@ -37,6 +38,10 @@ def _run_decoder(vae, z: torch.Tensor, caches: list | None):
     feat_idx = [0]
     out = vae.decoder(vae.post_quant_conv(z), feat_cache=feat_cache, feat_idx=feat_idx,
                       first_chunk=caches is None)
+    if vae.config.patch_size is not None:  # Wan 2.2's VAE decodes patches: _decode unpatchifies
+        from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
+
+        out = unpatchify(out, patch_size=vae.config.patch_size)
     return torch.clamp(out, min=-1.0, max=1.0), feat_cache[: feat_idx[0]]
 
 
