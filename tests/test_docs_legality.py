@@ -26,11 +26,16 @@ REPO = Path(__file__).resolve().parent.parent
 DOC, README = REPO / "docs" / "parallel-legality.md", REPO / "README.md"
 GOLDEN = REPO / "tests" / "golden" / "passes"
 MODELS = {"FLUX.1-dev": "flux", "Qwen-Image": "qwen-image", "Wan 2.1 T2V 14B": "wan2.1",
-          "HunyuanVideo": "hunyuan-video", "LTX-2": "ltx2"}
+          "HunyuanVideo": "hunyuan-video", "LTX-2": "ltx2", "Wan 2.2 T2V A14B (two experts)": "wan2.2-a14b",
+          "Wan 2.2 TI2V-5B (text to video)": "wan2.2-ti2v-5b"}
+# models served at their authors' defaults where diffusers' __call__ differs: Wan 2.2 A14B's
+# wan/configs/wan_t2v_A14B.py sample_guide_scale (4.0 high-noise, 3.0 low-noise), not 5.0
+OWN_GUIDANCE = {"wan2.2-a14b": "CFG 4.0 (2 passes)"}
 SUMMARY_HEAD = "| model | default shape | visual tokens | text tokens | guidance | legal (memory/core) |"
 # models.md: (pixels per token side, video frames per latent frame) of each family's VAE + patch
 COMPRESSION = {"flux": (16, None), "qwen-image": (16, None), "wan2.1": (16, 4), "hunyuan-video": (16, 4),
-               "ltx2": (32, 8)}
+               "ltx2": (32, 8), "wan2.2-a14b": (16, 4),
+               "wan2.2-ti2v-5b": (32, 4)}  # Wan 2.2 VAE: 16x spatial (convert_wan_to_diffusers.py), 2x2 patches
 LTX2_AUDIO_TOKENS_PER_S, LTX2_FPS = 16000 / 160 / 4, 24  # models.md: 16 kHz, hop 160, scale 4; 24 fps
 
 
@@ -157,7 +162,7 @@ def test_summary_shape_tokens_and_guidance_match_the_reference_pipeline(doc, tit
     if MODELS[title] == "ltx2":
         want += f" + {int(f[0] / LTX2_FPS * LTX2_AUDIO_TOKENS_PER_S)} audio"
     assert visual == want, f"{title}: visual tokens"
-    defaults = _pipeline_defaults(model[5])
+    defaults = _pipeline_defaults(model[5].split(" (")[0])  # "WanPipeline (expand_timesteps)": the class
     assert text == f"{defaults['max_sequence_length']:,}", f"{title}: text tokens"
     true_cfg = defaults.get("true_cfg_scale")
     if true_cfg is not None and true_cfg > 1:    # Qwen-Image: true CFG on by default
@@ -166,6 +171,7 @@ def test_summary_shape_tokens_and_guidance_match_the_reference_pipeline(doc, tit
         want = f"embedded {defaults['guidance_scale']} (1 pass)"
     else:                                        # Wan, LTX-2: classic CFG, two passes
         want = f"CFG {defaults['guidance_scale']} (2 passes)"
+    want = OWN_GUIDANCE.get(MODELS[title], want)
     assert guidance == want, f"{title}: guidance"
     kind_scale, passes = want.split(" (")
     assert model[3].startswith(kind_scale) and f"({passes[:-1]}" in model[3], \

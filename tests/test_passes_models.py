@@ -28,16 +28,21 @@ REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "tests" / "golden" / "passes"
 PINNED = dict(compiler_version="neuronx-cc==pinned-for-test")
 MODELS = ("flux", "qwen-image", "wan2.1", "hunyuan-video", "ltx2")
-# models.md: visual tokens (LTX-2: + 126 audio) and text tokens at each DSL's default shape
+# the current generations (issue 30): planned and listed, not all at the paper's TP4 on 4 cores
+GENERATIONS = ("wan2.2-a14b", "wan2.2-ti2v-5b")
+# models.md: visual tokens (LTX-2: + 126 audio) and text tokens at each DSL's default shape; Wan 2.2
+# A14B 720x1280x81 at Wan 2.1's 16 px and 4 frames per token, TI2V-5B 704x1280x121 at 32 px (its
+# VAE's 16x, then 2x2 patches) and 4 frames
 TOKENS = {"flux": (4096, 512, 0), "qwen-image": (4096, 512, 0), "wan2.1": (32760, 512, 0),
-          "hunyuan-video": (10240, 256, 0), "ltx2": (6144, 1024, 126)}
+          "hunyuan-video": (10240, 256, 0), "ltx2": (6144, 1024, 126),
+          "wan2.2-a14b": (45 * 80 * 21, 512, 0), "wan2.2-ti2v-5b": (22 * 40 * 31, 512, 0)}
 
 
 @pytest.fixture(scope="module")
 def lowered(tmp_path_factory):
     """name -> (pipeline Module, path of its saved .ir), each real-size model lowered once."""
     out, tmp = {}, tmp_path_factory.mktemp("models")
-    for name in MODELS:
+    for name in MODELS + GENERATIONS:
         m = lower_file(REPO / "models" / f"{name}.dsl")
         save(m, tmp / f"{name}.ir")
         out[name] = (m, tmp / f"{name}.ir")
@@ -56,7 +61,7 @@ def _cli(*args):
     return CliRunner().invoke(main, ["opt", *map(str, args)])
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", MODELS + GENERATIONS)
 def test_lowers_with_the_documented_tokens(lowered, name):
     den = lowered[name][0].components("denoiser")[0]
     got = F.tokens(den)
@@ -109,6 +114,26 @@ def test_wan_81_frames_tp4_fits(lowered):
     assert _layout(planned, "transformer")["tokens"]["visual"] == 32760
 
 
+def test_wan22_a14b_holds_both_experts_and_one_experts_activations(lowered):
+    """Both experts' weights are resident on every core; their activations count once (one runs at
+    a time and the Neuron runtime shares one scratchpad among a core's NEFFs): at tp4 on one
+    chip's 4 cores that fits, with the UMT5 encoder raised to tp4 (whose split is not built yet:
+    the golden's verdict)."""
+    from difflet.passes import memory
+    from difflet.passes.targets import load_target
+
+    target = load_target("trn2")
+    two = memory.estimate(_opt(lowered, "wan2.2-a14b", "tp4", passes=["plan-parallel"]), target)
+    weights = {comp: n for comp, what, n in two.items if what.startswith("weights")}
+    assert weights["transformer"] == weights["transformer_2"] > 6 * memory.GIB  # 14B bf16 / 4
+    acts = [(comp, what) for comp, what, _ in two.items if comp.startswith("transformer") and
+            not what.startswith("weights")]
+    assert acts and {comp for comp, _ in acts} == {"transformer"}
+    # counting the second expert's activations too would not fit: the sharing decides the verdict
+    assert two.total <= two.capacity < two.total + sum(n for comp, what, n in two.items
+                                                        if (comp, what) in acts)
+
+
 def test_hunyuan_tp4_uses_most_of_the_core_and_tp2_does_not_fit_beside_replicated_llama(lowered):
     """Paper section 7 (Table 8): one TP4 server, 'its TP2 denoiser does not fit in HBM', with the
     Llama text encoder replicated as in that deployment."""
@@ -152,7 +177,7 @@ def test_the_probe_counts_its_weights_and_saved_feature(lowered, name):
         assert plain.total <= plain.capacity < probed.total
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", MODELS + GENERATIONS)
 def test_list_legal_golden(lowered, name):
     r = _cli(lowered[name][1], "--list-legal", "--target", "trn2", "--cores", "4")
     assert r.exit_code == 0, r.output

@@ -98,8 +98,14 @@ def _probe_bytes(module: Module, probe: Node) -> list[tuple[str, int]]:
 
 
 def estimate(module: Module, target: Mapping[str, Any]) -> MemoryEstimate:
-    """Per-core estimate of a planned module (every component must have a layout)."""
+    """Per-core estimate of a planned module (every component must have a layout).
+
+    Every component's weights are resident; of several denoisers (Wan 2.2 A14B's experts, which
+    run one step at a time) only the largest activations count: the Neuron runtime gives all NEFFs
+    loaded on a core one shared scratchpad the size of the largest (aws-neuron-sdk
+    neuron-runtime/explore/device-memory.rst, "Shared scratchpad")."""
     est = MemoryEstimate(capacity=int(float(target["memory_per_core_gib"]) * GIB))
+    live: list[list[tuple[str, str, int]]] = []
     for comp in F.compiled(module):
         layout = layout_node(comp)
         if comp.attrs.get("role") == "probe":
@@ -108,6 +114,7 @@ def estimate(module: Module, target: Mapping[str, Any]) -> MemoryEstimate:
         tp = Layout.of(layout).tp if layout is not None else 1
         est.items.append((comp.name, f"weights (tp{tp})", weight_bytes(comp, tp)))
         if comp.attrs.get("role") == "denoiser" and layout is not None:
-            est.items += [(comp.name, what, n) for what, n in _activation_bytes(comp, layout, target)]
+            live.append([(comp.name, what, n) for what, n in _activation_bytes(comp, layout, target)])
+    est.items += max(live, key=lambda items: sum(n for *_, n in items), default=[])
     est.items.append(("runtime", "reserved", int(float(target["reserved_per_core_gib"]) * GIB)))
     return est
