@@ -137,3 +137,23 @@ def test_running_server_maps_no_torch_while_its_model_process_does(flux_tiny_art
     assert api_maps == [], api_maps
     left = [p.name for p in (tmp_path / "tmp").iterdir() if p.name.startswith(("aotinductor_", "difflet-model"))]
     assert left == [], left
+
+
+def test_model_processes_start_under_a_tmpdir_too_deep_for_a_unix_socket(tmp_path):
+    """multiprocessing binds the forkserver's AF_UNIX socket under $TMPDIR, and a Linux socket path
+    holds 107 bytes: with a deeper $TMPDIR the server starts its forkserver from a short directory
+    (procs.socket_safe_tempdir) and a model process runs; without it the same start fails (the
+    control: the depth used does overflow)."""
+    deep = tmp_path / ("d" * (100 - len(str(tmp_path))) if len(str(tmp_path)) < 99 else "d")
+    deep.mkdir()
+    start = ("from difflet.runtime import procs\n"
+             "{prestart}\n"
+             "p = procs.CTX.Process(target=print, args=('child ran',)); p.start(); p.join()\n"
+             "print('exit', p.exitcode)\n")
+    env = dict(os.environ, TMPDIR=str(deep))
+    ran = subprocess.run([sys.executable, "-c", start.format(prestart="procs.prestart([])")], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0 and "child ran" in ran.stdout and "exit 0" in ran.stdout, ran.stderr
+    control = subprocess.run([sys.executable, "-c", start.format(prestart="")], env=env,
+                             capture_output=True, text=True, timeout=120)
+    assert control.returncode != 0 and "AF_UNIX path too long" in control.stderr
