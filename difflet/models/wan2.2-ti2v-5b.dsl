@@ -1,6 +1,6 @@
 # Wan-AI/Wan2.2-TI2V-5B-Diffusers at real size, text to video (WanPipeline with expand_timesteps):
 # one 5B transformer (30 blocks of 24 heads x 128, FFN 14336, 48 latent channels) over Wan 2.2's
-# residual VAE (z_dim 48, 16x spatial compression: 4x4 patches decoded, then unpatchified).
+# residual VAE (z_dim 48, 16x spatial compression: its decoder works on 2x2 patches, then unpatchifies).
 # Inference defaults are the Wan team's wan/configs/wan_ti2v_5B.py (sample_shift 5.0, 50 steps,
 # guide scale 5.0, 121 frames at 24 fps; its 1280x704 size), the scheduler diffusers'
 # convert_wan_to_diffusers.py writes for TI2V (UniPC, flow_shift 5.0). WanPipeline's
