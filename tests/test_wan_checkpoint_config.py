@@ -222,14 +222,15 @@ def test_stated_config_contradicted_by_the_checkpoint_is_located(fine_tune, monk
 
 
 def test_a_vae_without_derived_keys_is_a_located_error(tmp_path):
-    """The Wan 2.2 residual VAE has another cache structure: the family derives no counts, and
-    the first expression that reads one says so at its location."""
+    """A VAE of three spatial levels has no fourth causal cache: the family derives counts for the
+    levels the config has, and the first expression that reads a missing one says so at its location
+    (the residual VAE of Wan 2.2 derives all four, tests/test_wan22_ti2v.py)."""
     from difflet.frontend.lower import lower_file
 
-    for sub, config in (("text_encoder", UMT5), ("transformer", dict(TRANSFORMER, patch_size=[1, 2, 2])),
-                        ("vae", dict(VAE, dim_mult=[1, 2, 4, 4], is_residual=True, scale_factor_temporal=4))):
+    for sub, config in (("text_encoder", UMT5), ("transformer", TRANSFORMER),
+                        ("vae", dict(VAE, dim_mult=[1, 2, 3], temperal_downsample=[True, True]))):
         (tmp_path / sub).mkdir()
         (tmp_path / sub / "config.json").write_text(json.dumps(config))
-    with pytest.raises(DiffletError, match="has no key 'cache0_channels'") as err:
+    with pytest.raises(DiffletError, match="has no key 'cache3_channels'") as err:
         lower_file(str(WAN), {"height": "32", "width": "32", "frames": "9", "max_text": "16"}, str(tmp_path))
     assert str(err.value.where).startswith(f"{WAN}:")
