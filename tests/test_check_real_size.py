@@ -63,20 +63,23 @@ def test_wan22_a14b_is_two_wan21_14b_experts(lowered):
 
 
 @pytest.mark.slow
-def test_wan22_ti2v_5b_transformer_and_residual_vae_pass(lowered):
+def test_wan22_ti2v_5b_residual_vae_passes(lowered):
     """Wan 2.2 TI2V-5B's text encoder is Wan 2.1's (same class, config, dtype: covered by the wan2.1
-    check); its 5B transformer is checked for cpu, its residual, patchified VAE as the branch
-    programs trn2 builds (each built at 704x1280 against the cache channels the description
-    derives; the cpu program is the same decoder under one torch.cond, as the tiny test serves it)."""
+    check) and its 5B transformer is Wan 2.1's class, entry and dtype at other dimensions (head_dim
+    128 as the 14B's; the graph rules judge ops and head_dim, covered by the wan2.1 check at both
+    targets); its residual, patchified VAE is checked as the branch programs trn2 builds (each built
+    at 704x1280 against the cache channels the description derives; the cpu program is the same
+    decoder under one torch.cond, as the tiny test serves it)."""
     base, _ = lowered(GENERATIONS["wan2.2-ti2v-5b"])
     module, ir = lowered("wan2.2-ti2v-5b")
     keys = ("class", "config", "dtype", "entry")
     same = [c.name for c in module.components()
             if all(c.attrs.get(k) == base.component(c.name).attrs.get(k) for k in keys)]
     assert same == ["text_encoder"]
-    res = check(ir, "cpu", "--component", "transformer")
-    assert res.exit_code == 0 and not errors(res.output) and "ok transformer" in res.output, res.output
-    check_trn2(module, ir, ["transformer", "vae"])
+    ours, theirs = module.component("transformer").attrs, base.component("transformer").attrs
+    assert all(ours.get(k) == theirs.get(k) for k in ("class", "dtype", "entry"))
+    assert ours["config"]["attention_head_dim"] == theirs["config"]["attention_head_dim"] == 128
+    check_trn2(module, ir, ["transformer", "vae"])  # the transformer: its head_dim only
 
 
 @pytest.mark.slow
