@@ -63,10 +63,9 @@ def pipeline_output(model: str, prompt: str, seed: int, *, steps: int | None = N
         call.update(guidance_scale=guidance, num_frames=frames)
     elif family == "wan":
         call.update(guidance_scale=guidance, num_frames=frames, negative_prompt=negative_prompt)
-    elif family == "ltx2":  # Difflet's LTX-2 runs plain CFG: no STG, no modality guidance
+    elif family == "ltx2":  # STG and modality guidance at the pipeline's defaults, as served
         call.update(guidance_scale=guidance, num_frames=frames, negative_prompt=negative_prompt,
-                    frame_rate=24.0, stg_scale=0.0, modality_scale=1.0, audio_stg_scale=0.0,
-                    audio_modality_scale=1.0)
+                    frame_rate=24.0)
     else:
         raise AssertionError(f"no pipeline oracle for family {family!r}")
     out = _pipe(model)(prompt, **call)

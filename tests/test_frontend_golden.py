@@ -1,5 +1,5 @@
-"""Golden tests of `difflet lower`: the printed pipeline IR of flux-tiny and of FLUX.1-dev at
-1024x1024, their text/binary round trips, and facts checked against /work/shared/models.md.
+"""Golden tests of `difflet lower`: the printed pipeline IR of flux-tiny, of FLUX.1-dev at
+1024x1024 and of ltx2-tiny, their text/binary round trips, and facts checked against /work/shared/models.md.
 
 `UPDATE_GOLDEN=1 python -m pytest tests/test_frontend_golden.py` rewrites the golden files;
 review the diff by eye before committing.
@@ -23,6 +23,8 @@ GOLDEN = REPO / "tests" / "golden" / "frontend"
 CASES = {  # golden file -> (DSL path as given, --profile overrides)
     "flux-tiny.ir.txt": ("models/flux-tiny.dsl", None),
     "flux-1024.ir.txt": ("models/flux.dsl", {"height": "1024", "width": "1024"}),
+    # a family option (`options { stg_blocks }`) and a per-call runtime input (guidance_pass)
+    "ltx2-tiny.ir.txt": ("models/ltx2-tiny.dsl", None),
 }
 
 

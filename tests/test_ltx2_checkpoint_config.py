@@ -164,8 +164,7 @@ def _reference(ckpt: Path):
     out = ref(CALL["prompt"], generator=torch.Generator("cpu").manual_seed(CALL["seed"]), height=SIZE["height"],
               width=SIZE["width"], num_frames=SIZE["num_frames"], max_sequence_length=SIZE["max_sequence_length"],
               num_inference_steps=CALL["num_inference_steps"], guidance_scale=CALL["guidance_scale"],
-              frame_rate=24.0, stg_scale=0.0, modality_scale=1.0, audio_stg_scale=0.0, audio_modality_scale=1.0,
-              output_type="np")
+              frame_rate=24.0, output_type="np")
     return (np.asarray(out.frames[0]) * 255).round().astype(np.uint8), out.audio[0].numpy()
 
 

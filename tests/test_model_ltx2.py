@@ -4,7 +4,9 @@ Oracles: each compiled program against its diffusers/transformers class loaded f
 random:0 checkpoint, called as LTX2Pipeline calls it (masks, padding side, RoPE coordinates and
 (de)normalization computed by diffusers itself); end to end, ModelRunner's frames and waveform
 against LTX2Pipeline.from_pretrained(checkpoint) with the same prompt, seed, steps, guidance and
-negative prompt (STG and modality guidance off: Difflet serves true CFG + rescale).
+negative prompt, the pipeline's other arguments at their defaults (STG and modality guidance on;
+this LTX-2.0-like transformer does not perturb, so STG's pass would repeat the conditional one:
+tests/test_ltx2_guidance.py covers a perturbing one).
 """
 from __future__ import annotations
 
@@ -91,6 +93,8 @@ def test_text_programs_equal_gemma_and_connectors(programs, pipe, prompt):
 
 
 def test_transformer_program_equals_diffusers(programs, pipe, runner):
+    """Every guidance pass of the one program against the transformer called as the pipeline's
+    passes call it: plain (CFG's and, without perturbed_attn, STG's) and modality-isolated."""
     from difflet.families.ltx2 import host as ltx2
 
     _, _, _, text, audio_text = _reference_text(pipe, PROMPTS[0])
@@ -99,14 +103,22 @@ def test_transformer_program_equals_diffusers(programs, pipe, runner):
     audio = torch.randn(1, 9, 4, generator=gen)
     t = torch.tensor([700.0])
     coords = ltx2.rope_coords(runner.module.component("transformer"), (1, 4, 5, 4, 4), 9, 24.0)
-    ours = programs["transformer"](video, audio, text, audio_text, t, *coords)
-    with torch.no_grad():  # the transformer computes its own coordinates here
-        ref = pipe.transformer(hidden_states=video, audio_hidden_states=audio, encoder_hidden_states=text,
-                               audio_encoder_hidden_states=audio_text, timestep=t, sigma=t,
-                               num_frames=5, height=4, width=4, fps=24.0, audio_num_frames=9,
-                               use_cross_timestep=True, return_dict=False)
-    for a, b in zip(ours, ref, strict=True):
-        assert (a - b).abs().max() <= ATOL
+    outs = {}
+    for guidance_pass, isolate in ((0, False), (1, False), (2, True)):
+        ours = programs["transformer"](video, audio, text, audio_text, t, *coords, torch.tensor(guidance_pass))
+        with torch.no_grad():  # the transformer computes its own coordinates here
+            ref = pipe.transformer(hidden_states=video, audio_hidden_states=audio, encoder_hidden_states=text,
+                                   audio_encoder_hidden_states=audio_text, timestep=t, sigma=t,
+                                   num_frames=5, height=4, width=4, fps=24.0, audio_num_frames=9,
+                                   use_cross_timestep=True, isolate_modalities=isolate,
+                                   spatio_temporal_guidance_blocks=[0] if guidance_pass == 1 else None,
+                                   return_dict=False)
+        for a, b in zip(ours, ref, strict=True):
+            assert (a - b).abs().max() <= ATOL
+        outs[guidance_pass] = ours
+    assert all(torch.equal(a, b) for a, b in zip(outs[0], outs[1]))  # no perturbed_attn: STG is plain
+    # isolation really removes the cross-modal residuals (the check above could not tell otherwise)
+    assert (outs[2][0] - outs[0][0]).abs().max() > 100 * ATOL
 
 
 def test_decoder_programs_equal_diffusers(programs, pipe):
@@ -138,8 +150,7 @@ def test_runner_equals_ltx2pipeline(runner, pipe, prompt, seed, steps, guidance,
     state, result = runner._run(params)
     out = pipe(prompt, negative_prompt=negative, generator=torch.Generator("cpu").manual_seed(seed),
                num_inference_steps=params.steps, guidance_scale=params.guidance, height=32, width=32,
-               num_frames=9, frame_rate=24.0, stg_scale=0.0, modality_scale=1.0, audio_stg_scale=0.0,
-               audio_modality_scale=1.0, max_sequence_length=16, output_type="np")
+               num_frames=9, frame_rate=24.0, max_sequence_length=16, output_type="np")
     ref = (out.frames[0] * 255).round().astype("uint8")
     assert result.video.shape == ref.shape == (9, 32, 32, 3) and result.fps == 24.0
     assert result.video.std() > 0
@@ -163,11 +174,10 @@ def test_invalid_inputs_are_refused(programs, runner):
     assert "profile.audio" in str(err.value)
     with pytest.raises(DiffletError, match="height"):
         runner.resolve(prompt="a cat", seed=0, height=64)
-    # the pipeline's STG default needs a perturbed transformer program, which is not compiled
     step = ltx2.schedule_step(runner.env.module, "ltx2.denoise")
-    stg = msgspec.structs.replace(step, attrs=step.attrs.set(guidance=step.attrs["guidance"].set(stg_scale=1.0)))
-    with pytest.raises(DiffletError, match="guidance.stg_scale = 1.0"):
-        ltx2.guidance_scales(stg, 3.0)
+    bad = msgspec.structs.replace(step, attrs=step.attrs.set(guidance=step.attrs["guidance"].set(stg_scale=-1.0)))
+    with pytest.raises(DiffletError, match=r"guidance.stg_scale = -1.0 is outside \[0, 100\]"):
+        ltx2.guidance_scales(bad, 3.0)
 
 
 def test_warm_up_checks_the_video(runner):

@@ -38,6 +38,7 @@ DSL = {"tiny": MODELS / "ltx2-tiny.dsl", "tiny4": MODELS / "ltx2-tiny4.dsl"}
 GEOMETRY = {"tiny": (5, 4, 4, 9), "tiny4": (8, 4, 4, 16)}  # latent frames, height, width; audio tokens
 T = 16
 VALID = (1, 3, 7, 12, 16)  # >= 5 prompt lengths from 1 to max_text
+ISOLATED_AT = 7  # the prompt length whose inputs take the modality-isolated pass (guidance_pass 2)
 TWO = [("tiny", "tp2", None)] + [("tiny", "cp2", a) for a in ("ulysses", "ring", "gather_kv")] + \
       [("tiny4", "tp2+sp", None)]
 FOUR = [("tiny", p, a) for p in ("tp2cp2", "cp4") for a in ("ring", "gather_kv")] + \
@@ -59,7 +60,8 @@ def _plan(model, parallel, attention, dtype=None):
 def make_inputs(module, model, ckpt, stacked=None, valids=VALID):
     """{v: the transformer's IR inputs for a v-token prompt}: text from the TP1 connectors program
     at valid_text = v on one set of stacked Gemma states, seeded latents, RoPE coordinates from
-    diffusers' own helpers (as the host's prepare_latents makes them)."""
+    diffusers' own helpers (as the host's prepare_latents makes them), and the guidance pass:
+    the modality-isolated one at ISOLATED_AT (its hooks on split attention), else the plain one."""
     from diffusers.models.transformers.transformer_ltx2 import LTX2AudioVideoRotaryPosEmbed
 
     from difflet.codegen.build import build_program_module
@@ -76,17 +78,18 @@ def make_inputs(module, model, ckpt, stacked=None, valids=VALID):
     cpu = torch.device("cpu")
     coords = (vrope.prepare_video_coords(1, f, h, w, cpu, fps=24.0), arope.prepare_audio_coords(1, audio, cpu))
     with torch.no_grad():
-        return {v: (video, audio_lat, *connectors(stacked, torch.tensor(v)), torch.tensor([650.0]), *coords)
-                for v in valids}
+        return {v: (video, audio_lat, *connectors(stacked, torch.tensor(v)), torch.tensor([650.0]), *coords,
+                    torch.tensor(2 if v == ISOLATED_AT else 0)) for v in valids}
 
 
 def reference(ref, x):
-    """diffusers' forward as TransformerProgram calls it (sigma = timestep, use_cross_timestep)."""
+    """diffusers' forward as TransformerProgram calls it (sigma = timestep, use_cross_timestep) for
+    the inputs' guidance pass (2: isolate_modalities)."""
     names = ("hidden_states", "audio_hidden_states", "encoder_hidden_states", "audio_encoder_hidden_states",
              "timestep", "video_coords", "audio_coords")
     kw = dict(zip(names, x))
     with torch.no_grad():
-        return ref(**kw, sigma=kw["timestep"], isolate_modalities=False, use_cross_timestep=True,
+        return ref(**kw, sigma=kw["timestep"], isolate_modalities=int(x[len(names)]) == 2, use_cross_timestep=True,
                    return_dict=False)
 
 

@@ -69,6 +69,9 @@ class FamilyFacts:
     # (width, height) sizes an input image snaps to by aspect ratio, in a profile that compiles
     # the image at its own size (`image_width`/`image_height`) with `image_auto_resize = true`
     input_sizes: tuple[tuple[int, int], ...] = ()
+    # class -> the keys its components' `options {...}` may state (read by the family's program
+    # wrapper and host steps; the frontend refuses any other key)
+    options: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def steps(module):

@@ -17,6 +17,7 @@ The DSL in one screen (every description under models/ is a full example):
         | config from checkpoint [default { key: value, ... }]  # --weights' config.json, else default
         entry METHOD                 # default forward
         dtype DTYPE_OR_PROFILE_NAME  # default: the profile's `dtype`
+        options { key: value, ... }  # keys the family declares (FamilyFacts.options), e.g. stg_blocks
         tokenizer transformers.Class from "subfolder" max_length EXPR   # encoders
         input NAME: DTYPE[EXPR, ...]   |   input NAME: runtime RUNTIME_NAME
         output NAME: DTYPE[EXPR, ...] select "field" | INDEX

@@ -213,6 +213,7 @@ class ComponentDecl:
     config_from_checkpoint: bool
     config_span: Span
     settings: tuple[Setting, ...]
+    options: MapV | None  # `options {...}`: family options of the program (FamilyFacts.options)
     tokenizer: TokenizerDecl | None
     inputs: tuple[InputDecl, ...]
     outputs: tuple[OutputDecl, ...]

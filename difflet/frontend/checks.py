@@ -145,3 +145,19 @@ def check_attention(src: Source, site: ast.AttentionDecl, values: Mapping[str, A
         if isinstance(want, int) and values[field] != want:
             raise src.error(f"attention site {site.pattern!r} declares {field} {values[field]} but "
                             f"the config's {key} is {want}", spans[field])
+
+
+def check_config_keys(src: Source, known, comp: ast.ComponentDecl) -> None:
+    """Every stated config key is a parameter of the class (`known`; None: not introspectable)."""
+    for entry in comp.config.entries:
+        if known is not None and entry.key not in known:
+            raise src.error(f"{comp.qualname} has no config parameter {entry.key!r}", entry.span)
+
+
+def check_options(src: Source, known: tuple[str, ...], comp: ast.ComponentDecl) -> None:
+    """Every `options {...}` key is one the class's family declares (FamilyFacts.options)."""
+    for entry in comp.options.entries:
+        if entry.key not in known:
+            said = ", ".join(known) if known else "none"
+            raise src.error(f"{comp.qualname} has no option {entry.key!r} (its family declares: {said})",
+                            entry.span)

@@ -100,7 +100,7 @@ class _Lowering:
         self.configs = {c.name: self.config(c) for c in model.components}
         from difflet.families import facts
 
-        family = facts(model.family)
+        self.family = family = facts(model.family)
         configs = with_derived(self.configs, model.components, family.derived_config)  # expressions read these
         derive_profile(self.profile, overrides, configs, model.components, family.derived_profile)
         self.ev = Evaluator(src, self.profile, configs)
@@ -177,11 +177,14 @@ class _Lowering:
         if config is not None:
             attrs.append(("config", config))
         attrs += [("entry", entry[0]), ("dtype", dtype)]
+        if c.options is not None:
+            checks.check_options(self.src, self.family.options.get(c.qualname, ()), c)
+            attrs.append(("options", self.ev.map(c.options)))
         if c.tokenizer is not None:
             attrs.append(("tokenizer", self.tokenizer(c)))
         if config is not None:
             if c.config is not None:
-                self.check_config_keys(cls, c)
+                checks.check_config_keys(self.src, config_keys(cls), c)
             try:
                 counts = count_params(c.qualname, config)
             except ClassError as err:
@@ -198,12 +201,6 @@ class _Lowering:
         if c.role == "decoder":
             checks.check_decoder(self.src, c, config, shapes)
         return Node(Op.COMPONENT, c.name, Attrs(attrs), body=tuple(body), loc=self.src.loc(c.span))
-
-    def check_config_keys(self, cls: type, c: ast.ComponentDecl) -> None:
-        known = config_keys(cls)
-        for entry in c.config.entries:
-            if known is not None and entry.key not in known:
-                raise self.error(f"{c.qualname} has no config parameter {entry.key!r}", entry.span)
 
     def settings(self, c: ast.ComponentDecl) -> dict[str, tuple[str, ast.Span]]:
         found: dict[str, tuple[str, ast.Span]] = {}

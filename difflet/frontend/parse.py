@@ -131,6 +131,9 @@ class _ToAst(Transformer):
     def setting(self, meta, c):
         return ast.Setting(str(c[0]), str(c[1]), _span(meta))
 
+    def options(self, meta, c):
+        return ("options", c[0], _span(meta))
+
     def tokenizer(self, meta, c):
         return ast.TokenizerDecl(c[0][0], _string(c[1]), c[2], _span(meta))
 
@@ -169,6 +172,7 @@ class _ToAst(Transformer):
     def component(self, meta, c):
         role, name, (qualname, qspan), subfolder, *items = c
         config = [i for i in items if isinstance(i, tuple) and i[0] == "config"]
+        options = [i for i in items if isinstance(i, tuple) and i[0] == "options"]
         pick = lambda cls: tuple(i for i in items if isinstance(i, cls))  # noqa: E731
         toks = pick(ast.TokenizerDecl)
         if not config:
@@ -176,13 +180,16 @@ class _ToAst(Transformer):
                            _span(meta))
         if len(config) > 1:
             raise _Located("a component has one config; this is a second", config[1][2])
+        if len(options) > 1:
+            raise _Located("a component has one options map; this is a second", options[1][2])
         if len(toks) > 1:
             raise _Located("a component has one tokenizer; this is a second", toks[1].span)
         return ast.ComponentDecl(
             role=str(role), name=str(name), qualname=qualname, qualname_span=qspan,
             subfolder=_string(subfolder), config=config[0][1],
             config_from_checkpoint=config[0][3], config_span=config[0][2],
-            settings=pick(ast.Setting), tokenizer=toks[0] if toks else None,
+            settings=pick(ast.Setting), options=options[0][1] if options else None,
+            tokenizer=toks[0] if toks else None,
             inputs=pick(ast.InputDecl), outputs=pick(ast.OutputDecl),
             attentions=pick(ast.AttentionDecl), span=_span(meta))
 

@@ -12,6 +12,8 @@ profile {
     audio    = 16
     steps    = 2
     guidance = 3.0
+    stg_scale      = 1.0   # LTX2Pipeline's defaults: spatio-temporal guidance (video stream)
+    modality_scale = 3.0   # and modality-isolation guidance; a request may set both
     max_text = 16
     dtype    = float32
 }
@@ -20,6 +22,8 @@ runtime valid_text: int64 in [1, max_text] default max_text
     doc "valid Gemma tokens (left padded); the encoder masks and the connectors replace the padding"
 runtime seed: int64 in [0, 2**63 - 1] default 0 doc "initial-noise seed"
 runtime step: int64 in [0, steps - 1] default 0 doc "index of the current denoising step"
+runtime guidance_pass: int64 in [0, 2] default 0
+    doc "the transformer pass: 0 text-conditioned (CFG), 1 spatio-temporal guidance (STG), 2 modality-isolated"
 
 encoder text_encoder = transformers.Gemma3ForConditionalGeneration from "text_encoder" {
     config {
@@ -65,6 +69,8 @@ denoiser transformer = diffusers.LTX2VideoTransformer3DModel from "transformer" 
         vae_scale_factors: [2, 8, 8]
     }
     dtype dtype
+    # the STG pass's blocks (perturbed only with config perturbed_attn: ltx2/guidance.py)
+    options { stg_blocks: [0] }
     input hidden_states:               dtype[1, ((frames - 1) / 2 + 1) * (height / 8) * (width / 8), 4]
     input audio_hidden_states:         dtype[1, audio, 4]
     input encoder_hidden_states:       dtype[1, max_text, 32]
@@ -72,6 +78,7 @@ denoiser transformer = diffusers.LTX2VideoTransformer3DModel from "transformer" 
     input timestep:                    dtype[1]
     input video_coords:                float32[1, 3, ((frames - 1) / 2 + 1) * (height / 8) * (width / 8), 2]
     input audio_coords:                float32[1, 1, audio, 2]
+    input guidance_pass:               runtime guidance_pass
     output sample:       dtype[1, ((frames - 1) / 2 + 1) * (height / 8) * (width / 8), 4] select 0
     output audio_sample: dtype[1, audio, 4] select 1
 
@@ -136,7 +143,8 @@ schedule {
             use_dynamic_shifting: true, base_shift: 0.95, max_shift: 2.05
             base_image_seq_len: 1024, max_image_seq_len: 4096, shift_terminal: 0.1, shift: 1.0
         }
-        guidance: { mode: "cfg", scale: guidance, audio_scale: 7.0, rescale: 0.7, audio_rescale: 0.7 }
+        guidance: { mode: "cfg", scale: guidance, audio_scale: 7.0, rescale: 0.7, audio_rescale: 0.7,
+                    stg_scale: stg_scale, audio_stg_scale: 1.0, modality_scale: modality_scale, audio_modality_scale: 3.0 }
     }
     ltx2.decode(vae, audio_vae, vocoder)
 }

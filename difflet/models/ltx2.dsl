@@ -25,6 +25,8 @@ profile {
     audio    = 126
     steps    = 30
     guidance = 3.0      # true CFG + rescale (the pipeline's STG / modality guidance are not served)
+    stg_scale      = 1.0   # LTX2Pipeline's defaults: spatio-temporal guidance (video stream)
+    modality_scale = 3.0   # and modality-isolation guidance; a request may set both
     max_text = 1024
     dtype    = bfloat16
 }
@@ -33,6 +35,8 @@ runtime valid_text: int64 in [1, max_text] default max_text
     doc "valid Gemma tokens; the connectors fill padding with registers, so the default is the padded length"
 runtime seed: int64 in [0, 2**63 - 1] default 0 doc "initial-noise seed"
 runtime step: int64 in [0, steps - 1] default 0 doc "index of the current denoising step"
+runtime guidance_pass: int64 in [0, 2] default 0
+    doc "the transformer pass: 0 text-conditioned (CFG), 1 spatio-temporal guidance (STG), 2 modality-isolated"
 
 encoder text_encoder = transformers.Gemma3ForConditionalGeneration from "text_encoder" {
     config from checkpoint default {
@@ -77,6 +81,9 @@ denoiser transformer = diffusers.LTX2VideoTransformer3DModel from "transformer" 
     }
     dtype dtype
     # video tokens: latent frames / patch_size_t x latent rows / patch_size x latent columns / patch_size
+    # LTX2Pipeline's default spatio_temporal_guidance_blocks; LTX-2.0's blocks ignore it (no
+    # perturbed_attn), so its STG pass would repeat the conditional one: ltx2/guidance.py
+    options { stg_blocks: [28] }
     input hidden_states: dtype[1, ((frames - 1) / vae.temporal_compression_ratio + 1) / transformer.patch_size_t
                                   * (height / vae.spatial_compression_ratio / transformer.patch_size)
                                   * (width / vae.spatial_compression_ratio / transformer.patch_size),
@@ -89,6 +96,7 @@ denoiser transformer = diffusers.LTX2VideoTransformer3DModel from "transformer" 
                                       * (height / vae.spatial_compression_ratio / transformer.patch_size)
                                       * (width / vae.spatial_compression_ratio / transformer.patch_size), 2]
     input audio_coords:                float32[1, 1, audio, 2]
+    input guidance_pass:               runtime guidance_pass
     output sample: dtype[1, ((frames - 1) / vae.temporal_compression_ratio + 1) / transformer.patch_size_t
                             * (height / vae.spatial_compression_ratio / transformer.patch_size)
                             * (width / vae.spatial_compression_ratio / transformer.patch_size),
@@ -166,7 +174,8 @@ schedule {
             use_dynamic_shifting: true, base_shift: 0.95, max_shift: 2.05
             base_image_seq_len: 1024, max_image_seq_len: 4096, shift_terminal: 0.1, shift: 1.0
         }
-        guidance: { mode: "cfg", scale: guidance, audio_scale: 7.0, rescale: 0.7, audio_rescale: 0.7 }
+        guidance: { mode: "cfg", scale: guidance, audio_scale: 7.0, rescale: 0.7, audio_rescale: 0.7,
+                    stg_scale: stg_scale, audio_stg_scale: 1.0, modality_scale: modality_scale, audio_modality_scale: 3.0 }
     }
     ltx2.decode(vae, audio_vae, vocoder)
 }

@@ -1,7 +1,7 @@
 """cache-key: an explicit, auditable sha256 per compiled component.
 
 Inputs (exactly these, written out by `key_inputs`, printed by `difflet opt --explain-key`):
-the component's class, config, entry, dtype and probe attrs; its input/output names and
+the component's class, config, family options, entry, dtype and probe attrs; its input/output names and
 types (shapes, dtypes, runtime ranges) with their select/alias/state attrs; its attention
 sites; its planned layout node (attrs and body; for a world-1 layout without its placement:
 ranks, replicas and groups read as one copy on rank 0); the backend; the toolchain's versions
@@ -34,7 +34,7 @@ from difflet.ir.nodes import Attrs, Module, Node, Op, RuntimeType, TensorType
 from difflet.passes import model_facts as F
 from difflet.passes.backend_facts import BACKENDS
 
-KEY_ATTRS = ("role", "class", "config", "entry", "dtype", "probe", "mode", "source", "modules",
+KEY_ATTRS = ("role", "class", "config", "options", "entry", "dtype", "probe", "mode", "source", "modules",
              "stops_before", "score", "fused_into", "front_blocks")
 
 

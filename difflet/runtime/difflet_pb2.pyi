@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "seed", "steps", "guidance", "height", "width", "request_id", "cache", "negative_prompt", "frames", "lora", "image", "mask_image", "strength", "guidance_2")
+    __slots__ = ("prompt", "seed", "steps", "guidance", "height", "width", "request_id", "cache", "negative_prompt", "frames", "lora", "image", "mask_image", "strength", "guidance_2", "stg_scale", "modality_scale")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -23,6 +23,8 @@ class GenerateRequest(_message.Message):
     MASK_IMAGE_FIELD_NUMBER: _ClassVar[int]
     STRENGTH_FIELD_NUMBER: _ClassVar[int]
     GUIDANCE_2_FIELD_NUMBER: _ClassVar[int]
+    STG_SCALE_FIELD_NUMBER: _ClassVar[int]
+    MODALITY_SCALE_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     seed: int
     steps: int
@@ -38,7 +40,9 @@ class GenerateRequest(_message.Message):
     mask_image: bytes
     strength: float
     guidance_2: float
-    def __init__(self, prompt: _Optional[str] = ..., seed: _Optional[int] = ..., steps: _Optional[int] = ..., guidance: _Optional[float] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., request_id: _Optional[str] = ..., cache: _Optional[str] = ..., negative_prompt: _Optional[str] = ..., frames: _Optional[int] = ..., lora: _Optional[str] = ..., image: _Optional[_Iterable[bytes]] = ..., mask_image: _Optional[bytes] = ..., strength: _Optional[float] = ..., guidance_2: _Optional[float] = ...) -> None: ...
+    stg_scale: float
+    modality_scale: float
+    def __init__(self, prompt: _Optional[str] = ..., seed: _Optional[int] = ..., steps: _Optional[int] = ..., guidance: _Optional[float] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., request_id: _Optional[str] = ..., cache: _Optional[str] = ..., negative_prompt: _Optional[str] = ..., frames: _Optional[int] = ..., lora: _Optional[str] = ..., image: _Optional[_Iterable[bytes]] = ..., mask_image: _Optional[bytes] = ..., strength: _Optional[float] = ..., guidance_2: _Optional[float] = ..., stg_scale: _Optional[float] = ..., modality_scale: _Optional[float] = ...) -> None: ...
 
 class Timings(_message.Message):
     __slots__ = ("encode_ms", "denoise_ms", "decode_ms", "total_ms", "queue_ms")

@@ -69,6 +69,12 @@ class Request(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                                                                      "http": "guidance_scale_2"},
                          description=("two-expert models (Wan 2.2 A14B): the low-noise expert's guidance scale "
                                       "(default: `guidance` when that is given, else the profile's)"))]] = None
+    stg_scale: Optional[Annotated[float, Meta(ge=0, le=100, description=(
+        "LTX-2 (`stg_scale` in the profile): the video stream's spatio-temporal guidance scale, as "
+        "LTX2Pipeline's stg_scale; 0 = off (default: the profile's)"))]] = None
+    modality_scale: Optional[Annotated[float, Meta(ge=0, le=100, description=(
+        "LTX-2 (`modality_scale` in the profile): the video stream's modality-isolation guidance "
+        "scale, as LTX2Pipeline's modality_scale; 1 = off (default: the profile's)"))]] = None
     height: Annotated[int, Meta(ge=0, extra={"http": "size"}, description=(
         "one of the served sizes (0 = the default size)"))] = 0
     width: Annotated[int, Meta(ge=0, extra={"http": "size"}, description=(

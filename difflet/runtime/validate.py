@@ -105,6 +105,16 @@ def _guidance_2(request: Request, profile: Mapping[str, Any]) -> float | None:
             return float(value)
 
 
+def _profile_scale(name: str, value: float | None, profile: Mapping[str, Any]) -> float | None:
+    """A scale only some profiles have (LTX-2's `stg_scale`, `modality_scale`): the request's,
+    else the profile's; refused naming the field where the profile has none."""
+    if name not in profile:
+        if value is not None:
+            raise _fail(name, f"this model has no {name} (an LTX-2 guidance scale; its profile states none)")
+        return None
+    return float(profile[name]) if value is None else float(value)
+
+
 MAX_LORA_SCALE = 8.0
 ADAPTER_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # also the request field's pattern (request.lora)
 
@@ -181,6 +191,8 @@ def resolve_request(profile: Mapping[str, Any], sizes: Sequence[str] = (), adapt
         steps=int(profile["steps"]) if request.steps is None else request.steps,
         guidance=float(profile["guidance"]) if request.guidance is None else request.guidance,
         guidance_2=_guidance_2(request, profile),
+        stg_scale=_profile_scale("stg_scale", request.stg_scale, profile),
+        modality_scale=_profile_scale("modality_scale", request.modality_scale, profile),
         request_id=request.request_id or uuid.uuid4().hex[:16],
         cache=check_cache_mode(request.cache, calibrations=calibrations) if request.cache.strip() else "",
         lora=check_lora(request.lora, adapters or {}))

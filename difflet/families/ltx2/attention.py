@@ -41,9 +41,13 @@ class LTX2SplitAttnProcessor:
 
     def __call__(self, attn, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
                  attention_mask: torch.Tensor | None = None, query_rotary_emb=None,
-                 key_rotary_emb=None) -> torch.Tensor:
+                 key_rotary_emb=None, perturbation_mask=None, all_perturbed=None) -> torch.Tensor:
         from diffusers.models.transformers.transformer_ltx2 import apply_split_rotary_emb
 
+        # a perturbed_attn block passes its (unset) STG mask; STG itself is ltx2/guidance.py's hook
+        if perturbation_mask is not None or all_perturbed:
+            raise DiffletError("STG reaches split attention through the guidance_pass input only",
+                               where="LTX2Attention")
         if attention_mask is not None or attn.to_gate_logits is not None or attn.rope_type != "split":
             raise DiffletError("Difflet's split LTX-2 attention serves LTX-2.0's blocks: no attention mask, "
                                "no gated attention, split RoPE", where="LTX2Attention")

@@ -86,8 +86,10 @@ FACTS = FamilyFacts(
         "row_segments": {},
         "heads_norm_across": True,
         "probe": ("proj_in", "time_embed", "transformer_blocks.0.scale_shift_table", "transformer_blocks.0.norm1"),
-        "cfg_branch": ("encoder_hidden_states", "audio_encoder_hidden_states"),
+        # guidance_pass: a cfg2 call pairs the STG and the modality-isolated pass (ltx2/denoise.py)
+        "cfg_branch": ("encoder_hidden_states", "audio_encoder_hidden_states", "guidance_pass"),
     }},
+    options={DENOISER: ("stg_blocks",)},  # the blocks LTX2Pipeline's STG pass perturbs (ltx2/guidance.py)
     split_built=(DENOISER,), probe_built=(DENOISER,), blocks_built=(DENOISER,),
     derived_config={VIDEO_VAE: video_vae_derived, AUDIO_VAE: audio_vae_derived, VOCODER: vocoder_derived},
 )

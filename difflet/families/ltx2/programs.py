@@ -34,6 +34,7 @@ from difflet.codegen.decl import BlockDecl, ClassDecl, ProbeDecl, SplitDecl
 from difflet.codegen.probe_feature import FeatureProbe
 from difflet.codegen.text_masks import causal_masks
 from difflet.errors import DiffletError
+from difflet.families.ltx2 import guidance
 from difflet.families.ltx2.rope import FP32_ROPE  # noqa: F401 -- codegen/rope.py reads it here
 from difflet.ir.nodes import Node, Op
 
@@ -117,15 +118,27 @@ class TransformerProgram(torch.nn.Module):
     the timestep, RoPE coordinates come in, no text mask (registers), use_cross_timestep=True.
     An image-to-video transformer also takes `video_timestep` [1, video tokens] (the step's
     timestep times 1 - conditioning mask): the video stream's timestep, while `timestep` stays
-    the audio timestep and sigma, as LTX2ImageToVideoPipeline calls it."""
+    the audio timestep and sigma, as LTX2ImageToVideoPipeline calls it. A runtime input
+    `guidance_pass` selects LTX2Pipeline's STG or modality-isolated pass (ltx2/guidance.py)."""
 
     def __init__(self, model: torch.nn.Module, node: Node) -> None:
         super().__init__()
         self.model = model
         self.names = _input_names(node, *TRANSFORMER_INPUTS)
+        # a list: the switch is no submodule and holds no tensor between calls
+        self.switch = [guidance.install(model, node)] if guidance.INPUT in self.names else []
 
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         args = dict(zip(self.names, inputs, strict=True))
+        for switch in self.switch:
+            switch.value = args[guidance.INPUT]
+        try:
+            return self._call(args)
+        finally:
+            for switch in self.switch:
+                switch.value = None
+
+    def _call(self, args: dict) -> tuple[torch.Tensor, torch.Tensor]:
         video, audio = self.model(
             hidden_states=args["hidden_states"], audio_hidden_states=args["audio_hidden_states"],
             encoder_hidden_states=args["encoder_hidden_states"],
