@@ -13,6 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from difflet.families import facts_of
 from difflet.frontend.lower import lower_file
 from difflet.ir.nodes import Attrs, Module, Op
 from difflet.passes import legal_configs
@@ -46,9 +47,11 @@ def guidance(m: Module) -> str:
         for step in sched.body:
             g = step.attrs.get("guidance")
             if isinstance(g, Attrs):
-                passes = F.guidance_branches(m)
+                extra = facts_of(m).extra_guidance(m)  # LTX-2's STG and modality terms
+                passes = F.guidance_branches(m) + sum(runs for _, runs in extra)
                 kind = {"embedded": "embedded", "cfg": "CFG", "true_cfg": "true CFG"}.get(g["mode"], g["mode"])
-                return f"{kind} {g['scale']} ({passes} pass{'es' if passes > 1 else ''})"
+                terms = "".join(f" + {label}" for label, _ in extra)
+                return f"{kind} {g['scale']}{terms} ({passes} pass{'es' if passes > 1 else ''})"
     return "none"
 
 

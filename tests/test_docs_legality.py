@@ -169,7 +169,11 @@ def test_summary_shape_tokens_and_guidance_match_the_reference_pipeline(doc, tit
         want = f"true CFG {true_cfg} (2 passes)"
     elif true_cfg is not None:                   # FLUX, HunyuanVideo: true CFG off, guidance embedded
         want = f"embedded {defaults['guidance_scale']} (1 pass)"
-    else:                                        # Wan, LTX-2: classic CFG, two passes
+    elif "stg_scale" in defaults:                # LTX-2: CFG + STG + modality isolation; LTX-2.0's blocks
+        # have no perturbed_attn, so the pipeline's STG pass is its conditional pass again: 3 run
+        want = (f"CFG {defaults['guidance_scale']} + STG {defaults['stg_scale']} + modality "
+                f"{defaults['modality_scale']} (3 passes)")
+    else:                                        # Wan: classic CFG, two passes
         want = f"CFG {defaults['guidance_scale']} (2 passes)"
     want = OWN_GUIDANCE.get(MODELS[title], want)
     assert guidance == want, f"{title}: guidance"

@@ -51,10 +51,15 @@ def ckpt(module):
 
 
 @pytest.fixture(scope="module")
-def runner(module, ckpt, tmp_path_factory):
+def art(module, ckpt, tmp_path_factory):
+    return compile_art(module, ckpt, tmp_path_factory.mktemp("ltx2-stg-art"))
+
+
+@pytest.fixture(scope="module")
+def runner(art):
     from difflet.runtime.runner import ModelRunner
 
-    return ModelRunner.from_artifacts(compile_art(module, ckpt, tmp_path_factory.mktemp("ltx2-stg-art")))
+    return ModelRunner.from_artifacts(art)
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +106,17 @@ def test_every_pass_equals_the_transformer_called_as_the_pipeline_calls_it(runne
         outs[guidance_pass] = ours
     for changed in (1, 2):  # each pass really changes both streams, far beyond the tolerance
         assert all((a - b).abs().max() > 100 * ATOL for a, b in zip(outs[changed], outs[0]))
+
+
+def test_the_passes_are_one_program_over_one_copy_of_the_weights(art):
+    """What the perturbed passes add to memory: nothing. The artifact holds one transformer
+    program and one weights file for it (stronger than an RSS reading on a 2-core box)."""
+    from difflet.codegen.manifest import read_manifest
+
+    entry = read_manifest(art).components["transformer"]
+    assert (entry.world, entry.cfg, entry.branches) == (1, 1, ())
+    assert sorted(p.name for p in (art / "weights").glob("transformer*")) == ["transformer.rank0.safetensors"]
+    assert len(list((art / "programs").glob("transformer*"))) == 1
 
 
 def _reference(pipe, steps: int):

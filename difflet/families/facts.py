@@ -72,6 +72,9 @@ class FamilyFacts:
     # class -> the keys its components' `options {...}` may state (read by the family's program
     # wrapper and host steps; the frontend refuses any other key)
     options: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # module -> (label, whether its pass runs) per guidance term beyond CFG's passes (LTX-2's STG
+    # and modality isolation), for the documents' guidance column
+    extra_guidance: Callable[[Any], tuple[tuple[str, bool], ...]] = lambda module: ()
 
 
 def steps(module):
