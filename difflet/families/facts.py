@@ -58,8 +58,9 @@ class FamilyFacts:
     # no model is named (the family is found from model_index.json: difflet/frontend/discover.py)
     description: Callable[[Any], str] = lambda ckpt: ""
     # another pipeline class a checkpoint of the family may name (FLUX.1-Kontext-dev's
-    # FluxKontextPipeline) -> the bundled description that serves it
-    pipelines: Mapping[str, str] = field(default_factory=dict)
+    # FluxKontextPipeline) -> the bundled description that serves it, or a function of the
+    # checkpoint directory choosing it (Wan's image-to-video: 2.1 or 2.2 A14B)
+    pipelines: Mapping[str, str | Callable[[Any], str]] = field(default_factory=dict)
     # class -> (its resolved config -> derived keys), read by the frontend's expressions only
     derived_config: Mapping[str, Callable[[Mapping[str, Any]], Mapping[str, Any]]] = field(default_factory=dict)
     # (profile, class -> resolved config) -> profile values the family's pipeline computes from

@@ -59,7 +59,8 @@ def _description(class_name, root: Path, index: Path) -> str:
             except (OSError, ValueError) as err:  # a family reading a component's config.json
                 raise DiffletError(f"cannot choose the {family} description: {err}", where=str(root)) from None
         if class_name in facts(family).pipelines:
-            return facts(family).pipelines[class_name]
+            chosen = facts(family).pipelines[class_name]
+            return chosen(root) if callable(chosen) else chosen
     supported = ", ".join([*FAMILIES.values(), *(c for f in FAMILIES for c in facts(f).pipelines)])
     raise DiffletError(f"_class_name {class_name!r} is not a pipeline Difflet serves (supported: "
                        f"{supported})", where=str(index))

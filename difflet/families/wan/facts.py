@@ -82,9 +82,15 @@ def description(ckpt: Path) -> str:
     return "wan2.2-ti2v-5b" if index.get("expand_timesteps") is True else "wan2.1"
 
 
+def i2v_description(ckpt: Path) -> str:
+    """A WanImageToVideoPipeline checkpoint: wan2.2-i2v-a14b when it lists a low-noise expert
+    (Wan2.2-I2V-A14B-Diffusers), else wan2.1-i2v (Wan2.1-I2V-14B-*-Diffusers)."""
+    return "wan2.2-i2v-a14b" if description(ckpt) == "wan2.2-a14b" else "wan2.1-i2v"
+
+
 FACTS = FamilyFacts(
     description=description,
-    pipelines={"WanImageToVideoPipeline": "wan2.1-i2v"},  # Wan2.1-I2V-14B-*-Diffusers
+    pipelines={"WanImageToVideoPipeline": i2v_description},
     prompt_text=lambda prompt, templated: prompt_clean(prompt), default_guidance="cfg", fps=fps,
     rules={DENOISER: {
         "column": paths("blocks.*.attn1", ATTN_COL) + paths("blocks.*.attn2", ATTN_COL) + ("blocks.*.ffn.net.0.proj",),

@@ -122,18 +122,21 @@ def _image_processor(env: HostEnv):
 
 @host_step("wan.encode_image", phase="encode")
 def encode_image(env: HostEnv, step: Node, state: RequestState) -> None:
-    """WanImageToVideoPipeline's encode_image (CLIP hidden_states[-2]) and prepare_latents'
-    condition: [mask (temporal-scale channels, 1 on frame 0) | normalized VAE mean of the clip
-    image + zero frames], float32."""
-    clip_name, vae_name = step.args
+    """WanImageToVideoPipeline's encode_image (CLIP hidden_states[-2]; only with a CLIP encoder,
+    `wan.encode_image(image_encoder, vae)`: Wan 2.1's transformer has image_dim, Wan 2.2 I2V's
+    none, `wan.encode_image(vae)`) and prepare_latents' condition: [mask (temporal-scale channels,
+    1 on frame 0) | normalized VAE mean of the clip image + zero frames], float32."""
+    *clip, vae_name = step.args
     params, vae = state.params, env.component(vae_name)
     if not params.image:
         raise DiffletError("this image-to-video model needs an input image", where="image")
-    # the pipeline hands CLIP's processor the image as given (the profile's image_original)
-    original = params.image_original[0] if params.image_original else params.image[0]
-    pixels = _image_processor(env)(images=to_pil(original), return_tensors="pt").pixel_values
-    embeds = next(iter(env.invoke(clip_name, **{env.component(clip_name).find(Op.INPUT)[0].name: pixels}).values()))
-    state.values["image_embeds"] = embeds.to(getattr(torch, _input_type(_transformer(env), "hidden_states").dtype))
+    if clip:
+        # the pipeline hands CLIP's processor the image as given (the profile's image_original)
+        original = params.image_original[0] if params.image_original else params.image[0]
+        pixels = _image_processor(env)(images=to_pil(original), return_tensors="pt").pixel_values
+        clip_node = env.component(clip[0])
+        embeds = next(iter(env.invoke(clip[0], **{clip_node.find(Op.INPUT)[0].name: pixels}).values()))
+        state.values["image_embeds"] = embeds.to(getattr(torch, _input_type(_transformer(env), "hidden_states").dtype))
     (x,) = vae.find(Op.INPUT)
     _, _, frames, height, width = x.results[0].type.shape
     z_dim, scale = int(class_config_value(vae, "z_dim")), _temporal_scale(env)
@@ -181,8 +184,9 @@ def denoiser_inputs(state: RequestState, latents: torch.Tensor, t: torch.Tensor,
     """One pass's transformer inputs; image-to-video adds the condition channels and image embeddings."""
     inputs = dict(hidden_states=latents, timestep=t.expand(latents.shape[0]), encoder_hidden_states=text)
     if "condition" in state.values:  # the pipeline's cat([latents, condition], dim=1) every step
-        inputs.update(hidden_states=torch.cat([latents, state.values["condition"]], dim=1),
-                      encoder_hidden_states_image=state.values["image_embeds"])
+        inputs["hidden_states"] = torch.cat([latents, state.values["condition"]], dim=1)
+    if "image_embeds" in state.values:
+        inputs["encoder_hidden_states_image"] = state.values["image_embeds"]
     return inputs
 
 
@@ -229,7 +233,7 @@ def _check_inputs(env: HostEnv, name: str, state: RequestState, step: Node) -> N
     """Refuse a denoiser taking inputs this step does not provide (naming them)."""
     node = env.component(name)
     known = ("hidden_states", "timestep", "encoder_hidden_states") + \
-        (("encoder_hidden_states_image",) if "condition" in state.values else ())
+        (("encoder_hidden_states_image",) if "image_embeds" in state.values else ())
     extra = [n.name for n in node.find(Op.INPUT)
              if n.name not in known and not (is_cfg_parallel(node) and n.attrs.get("branch") == "uncond")]
     if extra:  # Wan attends its zero-padded text unmasked: nothing else crosses per request

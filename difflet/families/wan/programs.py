@@ -32,13 +32,19 @@ INDEX_EXTRAS = {"transformer_2": [None, None]}
 
 def index_config(module) -> dict:
     """WanPipeline's registered config a materialized checkpoint states, as Wan 2.2's do:
-    `boundary_ratio` (A14B) and `expand_timesteps` (TI2V-5B), from the wan.denoise step."""
+    `boundary_ratio` (A14B) and `expand_timesteps` (TI2V-5B), from the wan.denoise step; a
+    schedule that encodes an image is WanImageToVideoPipeline's (Wan 2.2 I2V has no CLIP encoder
+    to name it, write_image_processor)."""
     from difflet.families.facts import find_step
 
     step = find_step(module, "wan.denoise")
     attrs = {} if step is None else step.attrs
-    return {**({"boundary_ratio": float(attrs["boundary_ratio"])} if attrs.get("boundary_ratio") is not None else {}),
+    image = {"_class_name": "WanImageToVideoPipeline"} if find_step(module, "wan.encode_image") else {}
+    return {**image,
+            **({"boundary_ratio": float(attrs["boundary_ratio"])} if attrs.get("boundary_ratio") is not None else {}),
             **({"expand_timesteps": True} if attrs.get("expand_timesteps") else {})}
+
+
 IMAGE_PROCESSOR = "image_processor"  # WanImageToVideoPipeline's CLIPImageProcessor folder
 
 
