@@ -83,6 +83,7 @@ class PassCounter:
         return self.program(*tensors)
 
 
+@pytest.mark.slow  # compiles the perturbing transformer's artifact
 def test_every_pass_equals_the_transformer_called_as_the_pipeline_calls_it(runner, pipe):
     from difflet.families.ltx2 import host as ltx2
 
@@ -108,6 +109,7 @@ def test_every_pass_equals_the_transformer_called_as_the_pipeline_calls_it(runne
         assert all((a - b).abs().max() > 100 * ATOL for a, b in zip(outs[changed], outs[0]))
 
 
+@pytest.mark.slow  # compiles the perturbing transformer's artifact
 def test_the_passes_are_one_program_over_one_copy_of_the_weights(art):
     """What the perturbed passes add to memory: nothing. The artifact holds one transformer
     program and one weights file for it (stronger than an RSS reading on a 2-core box)."""
@@ -135,6 +137,15 @@ def _reference(pipe, steps: int):
     return (out.frames[0] * 255).round().astype("uint8"), out.audio[0].numpy(), batches
 
 
+STEPS = 2
+
+
+@pytest.fixture(scope="module")
+def served_default(runner):
+    """(video, waveform, guidance_pass of every transformer call) of the default request."""
+    return _served(runner, STEPS)
+
+
 def _served(runner, steps: int):
     index = [n.name for n in runner.module.component("transformer").find(Op.INPUT)].index("guidance_pass")
     counter = PassCounter(runner.env.programs["transformer"], index)
@@ -146,25 +157,25 @@ def _served(runner, steps: int):
     return result.video, state.audio, counter.passes
 
 
-def test_default_request_makes_four_passes_per_step_equal_to_the_pipeline(runner, pipe):
-    steps = 3
-    frames, audio, batches = _reference(pipe, steps)
-    video, wave, passes = _served(runner, steps)
-    assert batches == [2, 1, 1] * steps  # the pipeline: cond + uncond batched, then STG, then isolated
-    assert passes == [0, 0, 1, 2] * steps  # Difflet: the same four passes, batch 1 each
+@pytest.mark.slow  # compiles the perturbing transformer's artifact
+def test_default_request_makes_four_passes_per_step_equal_to_the_pipeline(served_default, pipe):
+    frames, audio, batches = _reference(pipe, STEPS)
+    video, wave, passes = served_default
+    assert batches == [2, 1, 1] * STEPS  # the pipeline: cond + uncond batched, then STG, then isolated
+    assert passes == [0, 0, 1, 2] * STEPS  # Difflet: the same four passes, batch 1 each
     assert video.shape == frames.shape == (9, 32, 32, 3) and video.std() > 0
     assert_images_close(video, frames, what="video vs LTX2Pipeline at its default guidance")
     assert np.abs(wave - audio).max() <= ATOL
 
 
-def test_guidance_off_in_the_description_is_the_old_two_passes(runner):
+def test_guidance_off_in_the_description_is_the_old_two_passes(module):
     """stg_scale 0 and modality_scale 1 (the description's values, e.g. a lighter profile) drop
     the two passes: the request costs CFG's two."""
     import msgspec
 
     from difflet.families.ltx2 import host as ltx2
 
-    step = ltx2.schedule_step(runner.module, "ltx2.denoise")
+    step = ltx2.schedule_step(module, "ltx2.denoise")
     off = step.attrs["guidance"].set(stg_scale=0.0, audio_stg_scale=0.0, modality_scale=1.0,
                                      audio_modality_scale=1.0)
     scales = ltx2.guidance_scales(msgspec.structs.replace(step, attrs=step.attrs.set(guidance=off)), 3.0)
@@ -172,7 +183,7 @@ def test_guidance_off_in_the_description_is_the_old_two_passes(runner):
 
 
 @pytest.mark.slow
-def test_cfg_parallel_pairs_the_extra_passes_and_equals_sequential(dsl, ckpt, runner, tmp_path):
+def test_cfg_parallel_pairs_the_extra_passes_and_equals_sequential(dsl, ckpt, served_default, tmp_path):
     """tp1+cfg2: each call runs two passes on the two groups, (conditional, unconditional) then
     (STG, isolated) through the twinned `guidance_pass`: two calls a step, output equal."""
     from difflet.codegen.driver import codegen
@@ -193,15 +204,17 @@ def test_cfg_parallel_pairs_the_extra_passes_and_equals_sequential(dsl, ckpt, ru
         index = inputs.index("guidance_pass"), inputs.index("uncond_guidance_pass")
         parallel.env.programs["transformer"] = lambda *t: calls.append((int(t[index[0]]), int(t[index[1]]))) \
             or program(*t)
-        _, got = parallel._run(parallel.resolve(prompt=PROMPT, negative_prompt=NEGATIVE, seed=SEED, steps=2))
+        _, got = parallel._run(parallel.resolve(prompt=PROMPT, negative_prompt=NEGATIVE, seed=SEED, steps=STEPS))
     finally:
         parallel.close()
-    video, _, _ = _served(runner, 2)
-    assert calls == [(0, 0), (1, 2)] * 2
+    video, _, _ = served_default
+    assert calls == [(0, 0), (1, 2)] * STEPS
     assert_images_close(got.video, video, what="tp1+cfg2 vs sequential")
 
 
-SPLITS = (("tp2", None), ("tp1cp2", "ulysses"))  # tp2+sp: 9 audio tokens do not split (ltx2-tiny4 does)
+# tp2: the STG value path through TP-split linears (column to_v, row to_out + all-reduce); the
+# selects are elementwise on the attention outputs, so CP's shards change nothing for them
+SPLITS = (("tp2", None),)
 
 
 def _split_body(rank, world, dsl, ckpt, x):
@@ -223,8 +236,8 @@ def _split_body(rank, world, dsl, ckpt, x):
 
 @pytest.mark.slow
 def test_split_rank_programs_run_the_perturbed_passes(dsl, ckpt, runner, pipe):
-    """The STG value path (to_v, to_out) through TP-split linears and CP shards, and the isolation through
-    split cross-modal attention, on 2 gloo ranks: equal to diffusers' unsplit passes."""
+    """The STG value path (to_v, to_out) through TP-split linears and the isolation through split
+    cross-modal attention, on 2 gloo ranks: equal to diffusers' unsplit passes."""
     from difflet.families.ltx2 import host as ltx2
     from difflet.parallel.launch import run_ranks
 
@@ -245,18 +258,19 @@ def test_split_rank_programs_run_the_perturbed_passes(dsl, ckpt, runner, pipe):
                     assert (a - b).abs().max() <= ATOL, (parallel, p, rank)
 
 
-def test_request_scales_equal_the_pipeline_called_with_them(runner, pipe):
+@pytest.mark.slow  # compiles the perturbing transformer's artifact
+def test_request_scales_equal_the_pipeline_called_with_them(runner, pipe, served_default):
     """A request's stg_scale and modality_scale are LTX2Pipeline's (the video stream's; the audio
     stream keeps its own, 1 and 3 in both)."""
-    params = runner.resolve(prompt=PROMPT, negative_prompt=NEGATIVE, seed=SEED, steps=2, stg_scale=2.5,
+    params = runner.resolve(prompt=PROMPT, negative_prompt=NEGATIVE, seed=SEED, steps=STEPS, stg_scale=2.5,
                             modality_scale=1.5)
     _, result = runner._run(params)
     out = pipe(PROMPT, negative_prompt=NEGATIVE, generator=torch.Generator("cpu").manual_seed(SEED),
-               num_inference_steps=2, height=32, width=32, num_frames=9, max_sequence_length=16,
+               num_inference_steps=STEPS, height=32, width=32, num_frames=9, max_sequence_length=16,
                spatio_temporal_guidance_blocks=[0], stg_scale=2.5, modality_scale=1.5, output_type="np")
     ref = (out.frames[0] * 255).round().astype("uint8")
     assert_images_close(result.video, ref, what="video at stg 2.5, modality 1.5 vs LTX2Pipeline")
-    default, _, _ = _served(runner, 2)  # the scales are not ignored: the defaults give another video
+    default, _, _ = served_default  # the scales are not ignored: the defaults give another video
     assert np.abs(default.astype(int) - result.video.astype(int)).max() > 8
 
 
