@@ -19,7 +19,7 @@ IMAGE_INPUT = {"flux-img2img": "flux", "flux-inpaint": "flux", "qwen-image-img2i
                "qwen-image-inpaint": "qwen-image", "wan2.1-i2v": "wan2.1", "flux-kontext": "flux",
                "ltx2-i2v": "ltx2"}
 # current generations (issue 30) built from a base description's classes and configs -> that base
-GENERATIONS = {"wan2.2-a14b": "wan2.1", "wan2.2-ti2v-5b": "wan2.1"}
+GENERATIONS = {"wan2.2-a14b": "wan2.1", "wan2.2-ti2v-5b": "wan2.1", "wan2.2-i2v-a14b": "wan2.2-a14b"}
 
 
 def lowering(tmp: Path):

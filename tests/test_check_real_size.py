@@ -62,6 +62,23 @@ def test_wan22_a14b_is_two_wan21_14b_experts(lowered):
     assert [c.name for c in module.components("denoiser")] == ["transformer", "transformer_2"]
 
 
+def test_wan22_i2v_a14b_is_the_t2v_experts_with_the_condition_channels_and_wan21_i2v_vae_encoder(lowered):
+    """Wan 2.2 I2V A14B's programs are T2V A14B's (checked through wan2.1's) but for the experts'
+    in_channels (36: + mask + condition, as Wan 2.1 I2V's), and Wan 2.1 I2V's VAE encoder program
+    (checked by test_check_image_inputs_real_size.py): nothing here needs another export."""
+    base, _ = lowered(GENERATIONS["wan2.2-i2v-a14b"])
+    i2v, _ = lowered("wan2.1-i2v")
+    module, _ = lowered("wan2.2-i2v-a14b")
+    keys = ("class", "config", "dtype", "entry")
+    for comp in module.components():
+        twin = i2v.component(comp.name) if comp.name == "vae_encoder" else base.component(comp.name)
+        ours, theirs = dict(comp.attrs.get("config") or {}), dict(twin.attrs.get("config") or {})
+        if comp.attrs["role"] == "denoiser":
+            assert (ours.pop("in_channels"), theirs.pop("in_channels")) == (36, 16), comp.name
+        assert ours == theirs and all(comp.attrs.get(k) == twin.attrs.get(k) for k in keys if k != "config"), \
+            comp.name
+
+
 @pytest.mark.slow
 def test_wan22_ti2v_5b_residual_vae_passes(lowered):
     """Wan 2.2 TI2V-5B's text encoder is Wan 2.1's (same class, config, dtype: covered by the wan2.1
