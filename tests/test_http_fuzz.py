@@ -80,4 +80,9 @@ def test_fuzzed_requests_get_no_500_and_no_hang(server, mode):
             fuzz()
         except Unsatisfiable:  # nothing can be invalid about it (no parameters, no body)
             assert mode == "negative" and not operation.body, operation.label
+        except ValueError as err:
+            # schemathesis' own negative generator cannot build a multipart `format: binary` part on
+            # some draws (seen once in a full run, before any request left it): a tool limit, not a reply
+            if mode != "negative" or "Unsupported type: 'Binary'" not in str(err):
+                raise
     assert calls >= EXAMPLES  # the spec's operations were really exercised
