@@ -106,11 +106,11 @@ def _guidance_2(request: Request, profile: Mapping[str, Any]) -> float | None:
 
 
 def _profile_scale(name: str, value: float | None, profile: Mapping[str, Any]) -> float | None:
-    """A scale only some profiles have (LTX-2's `stg_scale`, `modality_scale`): the request's,
-    else the profile's; refused naming the field where the profile has none."""
+    """A scale only some profiles have (`stg_scale`, `modality_scale`): the request's, else the
+    profile's; refused naming the field where the profile has none."""
     if name not in profile:
         if value is not None:
-            raise _fail(name, f"this model has no {name} (an LTX-2 guidance scale; its profile states none)")
+            raise _fail(name, f"this model has no {name} (its profile states none)")
         return None
     return float(profile[name]) if value is None else float(value)
 

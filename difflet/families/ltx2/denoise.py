@@ -59,12 +59,12 @@ def stg_runs(env: HostEnv, transformer: str, step: Node, scales: dict) -> bool:
     """Whether the step's STG pass changes anything: asked for, and the transformer perturbs
     (ltx2/guidance.py); a perturbing transformer without declared blocks is refused, as the
     pipeline refuses STG without `spatio_temporal_guidance_blocks`."""
-    from difflet.families.ltx2 import guidance as passes
+    from difflet.families.ltx2.facts import perturbable, stg_blocks
 
     node = env.component(transformer)
-    if not scales["do_stg"] or not passes.perturbable(node.attrs.get("config")):
+    if not scales["do_stg"] or not perturbable(node.attrs.get("config")):
         return False
-    if not passes.stg_blocks(node):
+    if not stg_blocks(node):
         raise DiffletError(f"guidance.stg_scale > 0 needs `options {{ stg_blocks: [...] }}` on {transformer!r}",
                            where=step.loc)
     return True

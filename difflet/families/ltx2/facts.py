@@ -74,9 +74,21 @@ def profile_derived(profile: Mapping[str, Any], configs: Mapping[str, Mapping[st
     return {"audio": round(int(profile["frames"]) / FRAME_RATE * per_second)}
 
 
+def stg_blocks(node) -> tuple[int, ...]:
+    """The blocks the STG pass perturbs: the transformer's `options { stg_blocks: [...] }`."""
+    options = node.attrs.get("options") or {}
+    return tuple(int(b) for b in (options.get("stg_blocks") or ()))
+
+
+def perturbable(config) -> bool:
+    """Whether the transformer's blocks honour STG: diffusers builds LTX2PerturbedAttnProcessor
+    only for `perturbed_attn` (LTX2VideoTransformerBlock.__init__); LTX-2.0's config leaves it false."""
+    return bool((config or {}).get("perturbed_attn", False))
+
+
 def extra_guidance(module) -> tuple[tuple[str, bool], ...]:
     """LTX2Pipeline's STG and modality-isolation terms the description's denoise step asks for
-    (video values); STG's pass runs only for a transformer with `perturbed_attn` (ltx2/guidance.py)."""
+    (video values); STG's pass runs only for a transformer that is `perturbable`."""
     from difflet.families.facts import find_step, guidance_spec
     from difflet.ir.nodes import Op
 
@@ -86,10 +98,9 @@ def extra_guidance(module) -> tuple[tuple[str, bool], ...]:
     spec = guidance_spec(step, "cfg")
     stg, modality = float(spec.get("stg_scale", 0.0)), float(spec.get("modality_scale", 1.0))
     transformer = next((c for c in module.find(Op.COMPONENT) if c.attrs.get("class") == DENOISER), None)
-    config = (transformer.attrs.get("config") if transformer is not None else None) or {}
     terms = []
     if stg > 0:
-        terms.append((f"STG {stg}", bool(config.get("perturbed_attn"))))
+        terms.append((f"STG {stg}", transformer is not None and perturbable(transformer.attrs.get("config"))))
     if modality > 1:
         terms.append((f"modality {modality}", True))
     return tuple(terms)
@@ -110,7 +121,8 @@ FACTS = FamilyFacts(
         # guidance_pass: a cfg2 call pairs the STG and the modality-isolated pass (ltx2/denoise.py)
         "cfg_branch": ("encoder_hidden_states", "audio_encoder_hidden_states", "guidance_pass"),
     }},
-    options={DENOISER: ("stg_blocks",)}, extra_guidance=extra_guidance,  # the blocks LTX2Pipeline's STG pass perturbs (ltx2/guidance.py)
+    # stg_blocks: the blocks LTX2Pipeline's STG pass perturbs (ltx2/guidance.py)
+    options={DENOISER: ("stg_blocks",)}, extra_guidance=extra_guidance,
     split_built=(DENOISER,), probe_built=(DENOISER,), blocks_built=(DENOISER,),
     derived_config={VIDEO_VAE: video_vae_derived, AUDIO_VAE: audio_vae_derived, VOCODER: vocoder_derived},
 )

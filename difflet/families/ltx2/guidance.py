@@ -28,24 +28,13 @@ from __future__ import annotations
 import torch
 
 from difflet.errors import DiffletError
+from difflet.families.ltx2.facts import perturbable, stg_blocks
 from difflet.ir.nodes import Node
 
 PLAIN, STG, ISOLATED = 0, 1, 2
 INPUT = "guidance_pass"
 CROSS_MODAL = ("audio_to_video_attn", "video_to_audio_attn")
 SELF = ("attn1", "audio_attn1")
-
-
-def stg_blocks(node: Node) -> tuple[int, ...]:
-    """The blocks the STG pass perturbs: the component's `options { stg_blocks: [...] }`."""
-    options = node.attrs.get("options") or {}
-    return tuple(int(b) for b in (options.get("stg_blocks") or ()))
-
-
-def perturbable(config) -> bool:
-    """Whether the transformer's blocks honour STG: diffusers builds LTX2PerturbedAttnProcessor
-    only for `perturbed_attn` (LTX2VideoTransformerBlock.__init__); LTX-2.0's config leaves it false."""
-    return bool((config or {}).get("perturbed_attn", False))
 
 
 class PassSwitch:
