@@ -11,6 +11,14 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# Three xdist workers share the two cores: one intra-op thread each (before torch runs an op; the
+# servers and rank workers a test starts inherit it). Two per worker oversubscribe the cores, and
+# OpenMP threads spinning after each parallel region take time from the other workers.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 FLUX_TINY_DSL = REPO / "models" / "flux-tiny.dsl"
 
 # Handed out first, in this order: the quick tier's costliest files (seconds of worker time there).
