@@ -57,7 +57,8 @@ def _tree_rss(pid: int) -> int:
 
 
 def run_measured(cmd: list[str], log: Path) -> dict:
-    """Run `cmd` (its output to `log`), sampling its process tree's RSS; seconds, peak GiB, rc."""
+    """Run `cmd` (its output to `log`), sampling its process tree's RSS: seconds and peak
+    GiB; exits naming the command and its log when it fails."""
     start = time.perf_counter()
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)

@@ -45,18 +45,27 @@ def test_every_component_loads_with_no_missing_or_unexpected_key(ckpt):
 
 
 def test_keys_and_index_are_save_pretrained_s(ckpt, tmp_path):
-    """The same tensor names as save_pretrained writes for the class at the same config, and an
-    index naming every shard file that exists."""
+    """Exactly the tensor names save_pretrained writes for each class at the same config (the
+    tied UMT5 embedding once), and an index naming every shard file that exists."""
     import diffusers
+    import transformers
+    from safetensors import safe_open
 
     out, _ = ckpt
-    config = diffusers.WanTransformer3DModel.load_config(out / "transformer")
-    diffusers.WanTransformer3DModel.from_config(config).save_pretrained(tmp_path / "ref")
-    ref = set(diffusers.WanTransformer3DModel.from_pretrained(tmp_path / "ref").state_dict())
-    index = json.loads((out / "transformer" / "diffusion_pytorch_model.safetensors.index.json").read_text())
-    assert set(index["weight_map"]) <= ref and ref == set(
-        diffusers.WanTransformer3DModel.from_pretrained(out, subfolder="transformer").state_dict())
-    assert all((out / "transformer" / f).is_file() for f in set(index["weight_map"].values()))
+    refs = {"transformer": diffusers.WanTransformer3DModel.from_config(
+                diffusers.WanTransformer3DModel.load_config(out / "transformer")),
+            "text_encoder": transformers.UMT5EncoderModel(  # built, not loaded: the class's own tying
+                transformers.UMT5Config.from_pretrained(out / "text_encoder"))}
+    for sub, model in refs.items():
+        model.save_pretrained(tmp_path / sub)
+        stored = set()
+        for f in (tmp_path / sub).glob("*.safetensors"):
+            with safe_open(str(f), framework="pt") as st:
+                stored |= set(st.keys())
+        stem = "diffusion_pytorch_model" if sub == "transformer" else "model"
+        index = json.loads((out / sub / f"{stem}.safetensors.index.json").read_text())
+        assert set(index["weight_map"]) == stored, sub
+        assert all((out / sub / f).is_file() for f in set(index["weight_map"].values())), sub
     assert json.loads((out / "model_index.json").read_text())["_class_name"] == "WanPipeline"
 
 
