@@ -22,6 +22,10 @@ from PIL import Image
 from conftest import REPO
 from oracle_util import assert_images_close, compile_art, describe_match, planned_tiny, random_checkpoint
 
+# the variant's served oracles share one module fixture that compiles the family's tiny programs
+# (~1-2.5 min of a worker): the full tier (CI) runs them, the quick tier stays under 10 minutes
+pytestmark = pytest.mark.slow
+
 PROMPT = "a red fox running through the snow"
 NEGATIVE = "blurry dark picture"
 SEED, STEPS, FRAMES, SIZE = 3, 3, 9, 32  # the tiny profile's frames and size

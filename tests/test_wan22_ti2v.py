@@ -57,6 +57,7 @@ def reference(pipe, seed: int, steps: int, guidance: float, timesteps: list | No
     return (out.frames[0] * 255).round().astype(np.uint8)
 
 
+@pytest.mark.slow  # the compiling module fixture `art` (~2 min of a worker): full tier only
 @pytest.mark.parametrize("steps,guidance", [(None, None), (6, 3.0)])
 def test_text_to_video_equals_wanpipeline_with_expand_timesteps(art, reference_pipe, steps, guidance):
     """The profile's (4 steps, guidance 5.0) and a request's own; the pipeline's transformer takes
@@ -76,6 +77,7 @@ def test_text_to_video_equals_wanpipeline_with_expand_timesteps(art, reference_p
     assert shapes == [(1, TOKENS)] * (2 * request.steps)  # cond and uncond, t per token
 
 
+@pytest.mark.slow  # the compiling module fixture `art` (~2 min of a worker): full tier only
 def test_served_at_24_fps(art, reference_pipe):
     """Through the real server (gRPC, --lossless-video): the frames and the model's 24 fps."""
     from difflet.runtime import client
@@ -91,6 +93,7 @@ def test_served_at_24_fps(art, reference_pipe):
     assert_images_close(frames, reference(reference_pipe, 5, 4, 5.0), "served wan2.2 ti2v")
 
 
+@pytest.mark.slow  # the compiling module fixture `art` (~2 min of a worker): full tier only
 def test_the_checkpoint_states_expand_timesteps_and_gets_the_ti2v_description(art):
     """A WanPipeline checkpoint whose model_index.json states expand_timesteps (Wan2.2-TI2V-5B-Diffusers)
     is described by wan2.2-ti2v-5b; Wan 2.1's states none."""

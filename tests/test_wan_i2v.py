@@ -27,6 +27,10 @@ from difflet.runtime.demo import stop_server
 from http_util import call_json, start_http_server
 from oracle_util import Counted, assert_images_close, compile_art, planned_tiny, random_checkpoint
 
+# the variant's served oracles share one module fixture that compiles the family's tiny programs
+# (~1-2.5 min of a worker): the full tier (CI) runs them, the quick tier stays under 10 minutes
+pytestmark = pytest.mark.slow
+
 PROMPT = "a red fox running through the snow"
 SEED, STEPS, FRAMES, SIZE = 3, 4, 9, 32  # the tiny profile's frames and size
 
