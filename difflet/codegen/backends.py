@@ -15,6 +15,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
+from difflet.errors import DiffletError
 from difflet.passes.backend_facts import BackendFacts, backend_facts
 
 
@@ -42,9 +43,24 @@ class Backend(BackendFacts):
             check()
         return self
 
-    def compile_entry(self, node, pm, dest: Path) -> None:
-        """Compile program module `pm` of `node` into the store entry directory `dest`."""
-        self.module.compile_entry(node, pm, dest)
+    def compile_entry(self, node, pm, dest: Path, device: str | None = None) -> None:
+        """Compile program module `pm` of `node` into the store entry directory `dest`, for the
+        target's `device` where the backend compiles for devices (`devices`; default the CPU)."""
+        if self.devices:
+            self.module.compile_entry(node, pm, dest, device=device or "cpu")
+        else:
+            self.module.compile_entry(node, pm, dest)
+
+    def require_device(self, device: str | None) -> "Backend":
+        """Self, once programs for the target's `device` can be compiled here (DiffletError naming
+        the target's device otherwise); a backend without `devices` places its programs itself."""
+        if device is None or not self.devices:
+            return self
+        if device not in self.devices:
+            raise DiffletError(f"the {self.name} backend compiles programs for {', '.join(self.devices)}, "
+                               f"not the target's device {device!r}", where="target")
+        self.module.require_device(device)
+        return self
 
     def program_weights(self, pm, entry: Path) -> dict:
         """The tensors the program in `entry` loads, taken from `pm` (the checkpoint) and the entry."""

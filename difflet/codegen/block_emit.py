@@ -66,7 +66,10 @@ def emit_blocks(module, node: Node, ckpt: Path, store, backend: str, out: Path):
 
     decl, k = declaration(node.attrs["class"]).blocks, int(node.attrs["front_blocks"])
     front = BlockModule(build_program_module(node, ckpt, backend), decl, k, FRONT)  # unsplit: its streams
+    from difflet.passes.targets import program_device
+
     be, streams = get_backend(backend), _streams(node, front)
+    device = program_device(module.attrs.get("target"))
     views = {part: part_view(node, part, streams, decl.tail) for part in PARTS}
     n = world(node) if node.find(Op.LAYOUT) else 1
     front = front if n == 1 else None  # a split's parts are built from rank modules, in rank workers
@@ -76,7 +79,7 @@ def emit_blocks(module, node: Node, ckpt: Path, store, backend: str, out: Path):
             bm = front if part == FRONT else BlockModule(build_program_module(node, ckpt, backend), decl, k, part)
             front = None  # the rest's load must not hold the front's model too
             entry, created = store.get_or_create(backend, views[part].attrs["cache_key"],
-                                                 lambda tmp, v=views[part], m=bm: be.compile_entry(v, m, tmp),
+                                                 lambda tmp, v=views[part], m=bm: be.compile_entry(v, m, tmp, device),
                                                  directory=True)
             entries[part] = [entry]
             made[0].append((part, be.program_weights(bm, entry), set(module_tensors(bm))))

@@ -40,6 +40,8 @@ class CodegenResult:
 
 
 def _require_planned(module: Module, backend: str = "inductor") -> None:
+    from difflet.passes.targets import program_device
+
     if module.level != "planned":
         raise DiffletError(f"codegen needs planned IR, got {module.level!r} level; run "
                            "`difflet opt IN.ir -o OUT.ir` first", where=module.loc)
@@ -56,7 +58,7 @@ def _require_planned(module: Module, backend: str = "inductor") -> None:
         for layout in comp.find(Op.LAYOUT):
             from difflet.codegen.split_layout import unsupported_reason
 
-            reason = unsupported_reason(comp, backend)
+            reason = unsupported_reason(comp, backend, program_device(module.attrs.get("target")))
             if reason:
                 raise DiffletError(f"component {comp.name!r} is planned for {layout.attrs.get('world')} ranks; "
                                    f"{reason}", where=layout.loc)
@@ -137,9 +139,11 @@ def _codegen(module: Module, weights, out: Path, backend: str, store, log, verbo
     from difflet.codegen.store import Store
     from difflet.version import __version__
     from difflet.ir import binary
+    from difflet.passes.targets import program_device
 
     _require_planned(module, backend)
     be = get_backend(backend)  # an unavailable backend (neuron here) fails before any work
+    be.require_device(program_device(module.attrs.get("target")))  # and a device this machine lacks
     _check_buckets(module, be)
     the_store = Store(store)
     ckpt = resolve_weights(module, str(weights), the_store.root)
@@ -233,7 +237,9 @@ def _codegen_cfg(module: Module, comp: Node, ckpt: Path, store, be, out: Path) -
 
     inner = inner_node(module, comp)
     if _world(inner) == 1:
-        entry, created = emit_node(inner, ckpt, store, be.name, out)
+        from difflet.passes.targets import program_device
+
+        entry, created = emit_node(inner, ckpt, store, be.name, out, program_device(module.attrs.get("target")))
         ranks = list(entry.ranks)
     else:
         if not be.rank_splits:  # a cfg group's inner split is per-rank programs in rank workers

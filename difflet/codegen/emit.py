@@ -43,7 +43,9 @@ def emit_program(module: Module, name: str, ckpt: Path, store, backend: str, out
     On a target without control flow, a component that branches on a runtime input becomes one
     program per value (codegen/branches.py)."""
     from difflet.codegen.branches import branch_views, target_control_flow
+    from difflet.passes.targets import program_device
 
+    device = program_device(module.attrs.get("target"))
     node = next(n for n in program_nodes(module) if n.name == name)
     if node.attrs.get("front_blocks"):
         from difflet.codegen.block_emit import emit_blocks
@@ -51,12 +53,14 @@ def emit_program(module: Module, name: str, ckpt: Path, store, backend: str, out
         return emit_blocks(module, node, ckpt, store, backend, out)
     views = branch_views(node, target_control_flow(module))
     if views:
-        return emit_branches(node, views, ckpt, store, backend, out)
-    return emit_node(node, ckpt, store, backend, out)
+        return emit_branches(node, views, ckpt, store, backend, out, device)
+    return emit_node(node, ckpt, store, backend, out, device)
 
 
-def emit_node(node: Node, ckpt: Path, store, backend: str, out: Path) -> tuple[Component, bool]:
-    """`emit_program` of one node (a cfg denoiser's inner view, too: codegen/cfg_program.py)."""
+def emit_node(node: Node, ckpt: Path, store, backend: str, out: Path,
+              device: str | None = None) -> tuple[Component, bool]:
+    """`emit_program` of one node (a cfg denoiser's inner view, too: codegen/cfg_program.py),
+    compiled for `device` (the target's)."""
     from safetensors.torch import save_file
 
     from difflet.codegen.backends import get_backend
@@ -73,7 +77,7 @@ def emit_node(node: Node, ckpt: Path, store, backend: str, out: Path) -> tuple[C
         pm = build_program_module(node, ckpt, backend)  # the backend picks the attention kernel
     knode = key_node(node)
     be, key = get_backend(backend), node.attrs["cache_key"]
-    entry, created = store.get_or_create(backend, key, lambda tmp: be.compile_entry(knode, pm, tmp),
+    entry, created = store.get_or_create(backend, key, lambda tmp: be.compile_entry(knode, pm, tmp, device),
                                          directory=True)
     prog_rel, weights_rel = program_paths(name)
     link_or_copy(entry / be.PROGRAM_FILE, out / prog_rel)
@@ -111,7 +115,7 @@ def _bucket_files(node: Node, pm, weights: dict, out: Path, prog_rel: str) -> Ra
 
 
 def emit_branches(node: Node, views: list[tuple[int, Node]], ckpt: Path, store, backend: str,
-                  out: Path) -> tuple[Component, bool]:
+                  out: Path, device: str | None = None) -> tuple[Component, bool]:
     """A branch set: each view's program (compiled or reused by its own key), the checkpoint
     tensors of all of them in one weights file (loaded once), each program's graph-made
     constants in its own file."""
@@ -132,7 +136,8 @@ def emit_branches(node: Node, views: list[tuple[int, Node]], ckpt: Path, store, 
     for value, view in views:
         pm = build_program_module(view, ckpt, backend)
         entry, created = store.get_or_create(backend, view.attrs["cache_key"],
-                                             lambda tmp, v=view, m=pm: be.compile_entry(v, m, tmp), directory=True)
+                                             lambda tmp, v=view, m=pm: be.compile_entry(v, m, tmp, device),
+                                             directory=True)
         any_created |= created
         prog_rel, _ = program_paths(f"{node.name}.{input_name}{value}")
         link_or_copy(entry / be.PROGRAM_FILE, out / prog_rel)

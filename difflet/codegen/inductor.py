@@ -7,6 +7,10 @@ Invariants:
   (graph-made tensor constants that are part of the program, not of any checkpoint).
 - A program's weights are exactly its constant FQNs (`get_constant_fqns()`); loading checks the
   update is full, so a program never runs with a missing weight.
+- A program is compiled for one torch device (the target's: cpu or cuda) and bound to its
+  constants on that device, user-managed: the program reads the very tensors the loader keeps,
+  one copy of each weight (on CPU the file's own; on a device the one copy made there). The host
+  stays on the CPU: a device program's runner moves its inputs there and its outputs back.
 """
 from __future__ import annotations
 
@@ -59,16 +63,37 @@ def aoti_package(ep: torch.export.ExportedProgram, package: Path) -> None:
         package_aoti(str(package), files)
 
 
-def compile_entry(node: Node, pm: ProgramModule, dest: Path) -> None:
-    """Export and AOT-compile `pm` into the store entry directory `dest` (see module invariants)."""
+def require_device(device: str) -> None:
+    """DiffletError unless this process can compile and run programs on `device`."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise DiffletError(f"the target's device is cuda, and torch {torch.__version__} sees no CUDA device "
+                           "here (torch.cuda.is_available() is False)", where="target")
+
+
+def _module_device(pm: torch.nn.Module) -> torch.device:
+    first = next(iter(module_tensors(pm).values()), None)
+    return first.device if first is not None else torch.device("cpu")
+
+
+def compile_entry(node: Node, pm: ProgramModule, dest: Path, device: str = "cpu") -> None:
+    """Export and AOT-compile `pm` for `device` into the store entry directory `dest` (see module
+    invariants). A module elsewhere is moved to `device` to be traced and moved back after."""
     from safetensors.torch import save_file
     from torch._inductor.package import load_package
 
-    ep = export_program(node, pm)
-    aoti_package(ep, dest / PROGRAM_FILE)
+    home = _module_device(pm)
+    moved = home.type != torch.device(device).type
+    try:
+        if moved:
+            pm.to(device)
+        ep = export_program(node, pm, tuple(t.to(device) for t in example_inputs(node)))
+        aoti_package(ep, dest / PROGRAM_FILE)
+    finally:
+        if moved:
+            pm.to(home)
     fqns = list(load_package(str(dest / PROGRAM_FILE)).get_constant_fqns())
     known = module_tensors(pm)
-    graph_made = {k: v.detach().contiguous().clone() for k, v in ep.constants.items()
+    graph_made = {k: v.detach().cpu().contiguous().clone() for k, v in ep.constants.items()
                   if k in fqns and k not in known and isinstance(v, torch.Tensor)}
     missing = [k for k in fqns if k not in known and k not in graph_made]
     if missing:
@@ -131,25 +156,29 @@ def program_constants(fqns: list[str], weights_path: Path, constants_path: Path 
     return {k: cache[weights_path][k] if k in cache[weights_path] else own[k] for k in fqns}
 
 
-def attach_constants(load, metadata: dict, constants: dict) -> dict | None:
-    """Load a program's full constants through `load(constants, user_managed, allow_h2d_copy)`.
-    On CPU the program points at `constants` (a copy would double the weights' memory at load);
-    returns them, to be kept alive as long as the program. On a device the loader copies them
-    there and the host copies can go (returns None)."""
-    if metadata.get("AOTI_DEVICE_KEY", "cpu") == "cpu":
-        load(constants, True, False)
-        return constants
-    load(constants, False, True)
-    return None
+def program_device(metadata: dict) -> torch.device:
+    """The device a loaded package's program runs on (AOTInductor records it when compiling)."""
+    return torch.device(metadata.get("AOTI_DEVICE_KEY", "cpu"))
+
+
+def attach_constants(load, metadata: dict, constants: dict) -> dict:
+    """Bind a program to its full constants through `load(constants, user_managed)`, user-managed:
+    the program points at the returned tensors (`constants` itself on CPU; each tensor not yet on
+    the program's device copied there once), which must live as long as the program. No torch
+    loader copy on any device (`allow_h2d_copy`, which would copy, is also absent in torch 2.11)."""
+    device = program_device(metadata)
+    placed = {k: v if v.device.type == device.type else v.to(device) for k, v in constants.items()}
+    load(placed, True)
+    return placed
 
 
 class CompiledRunner:
     """A loaded AOTInductor package with its weights: `runner(*tensors) -> tuple[Tensor, ...]`.
 
     A bucket program (`constants_path` given) takes its checkpoint tensors from `shared`, a
-    path -> tensors cache that every size of the component shares. On CPU the program keeps
-    pointers to the loaded tensors (user-managed constants), so each weight is in memory once,
-    at load too; on a device the loader copies them there.
+    path -> tensors cache that every size of the component shares. The program keeps pointers to
+    the loaded tensors (user-managed constants), so each weight is in memory once, at load too (on
+    a device: once there). A device program is called with host tensors and returns host tensors.
     """
 
     def __init__(self, program_path: Path, weights_path: Path, constants_path: Path | None = None,
@@ -164,9 +193,9 @@ class CompiledRunner:
             raise DiffletError(f"cannot load compiled program: {err}", where=program_path) from None
         self._constants = program_constants(list(self._model.get_constant_fqns()), weights_path,
                                             constants_path, shared)
+        self._device = program_device(self._model.get_metadata())
         self._constants = attach_constants(
-            lambda c, user_managed, allow_h2d_copy: self._model.load_constants(
-                c, check_full_update=True, user_managed=user_managed, allow_h2d_copy=allow_h2d_copy),
+            lambda c, user_managed: self._model.load_constants(c, check_full_update=True, user_managed=user_managed),
             self._model.get_metadata(), self._constants)
 
     def weight_names(self) -> list[str]:
@@ -181,14 +210,15 @@ class CompiledRunner:
 
     def replace_weights(self, tensors: dict[str, torch.Tensor]) -> None:
         """New values (same shapes and dtypes) for constants `tensors`; the program is unchanged
-        (LoRA: difflet/runtime/lora.py). On CPU the program reads the loaded tensors themselves
+        (LoRA: difflet/runtime/lora.py). The program reads the bound tensors themselves
         (user-managed), so they are overwritten in place: no second copy of any weight."""
-        if self._constants is not None:
-            for k, v in tensors.items():
-                self._constants[k].copy_(v)
-        else:
-            self._model.load_constants(tensors, check_full_update=False, user_managed=False, allow_h2d_copy=True)
+        for k, v in tensors.items():
+            self._constants[k].copy_(v)
 
     def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self._device.type != "cpu":  # the host's tensors in, the host's tensors out
+            out = self._model(*(t.to(self._device, non_blocking=True) for t in tensors))
+            out = out if isinstance(out, (list, tuple)) else (out,)
+            return tuple(t.cpu() for t in out)
         out = self._model(*tensors)
         return tuple(out) if isinstance(out, (list, tuple)) else (out,)

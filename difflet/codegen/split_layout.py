@@ -48,13 +48,14 @@ def layout_of(node: Node) -> Node:
     return found[0]
 
 
-def unsupported_reason(node: Node, backend: str = "inductor") -> str | None:
-    """Why codegen cannot build this component's layout for `backend` (None when it can): the
-    planner's own verdict (difflet/passes/built.py), so `--list-legal` and codegen never disagree."""
+def unsupported_reason(node: Node, backend: str = "inductor", device: str | None = None) -> str | None:
+    """Why codegen cannot build this component's layout for `backend` on `device` (None when it
+    can): the planner's own verdict (difflet/passes/built.py), so `--list-legal` and codegen never
+    disagree."""
     from difflet.passes.built import layout_reason
 
     layout_of(node)  # a component without exactly one layout is not planned
-    return layout_reason(node, backend)
+    return layout_reason(node, backend, device)
 
 
 def split_facts(node: Node) -> SplitDecl:

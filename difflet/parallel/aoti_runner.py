@@ -14,7 +14,7 @@ GIL while the op runs.
 Invariants:
 - `NoGilRunner(program, weights[, constants, shared])(*tensors) -> tuple[Tensor, ...]` behaves like
   difflet.codegen.inductor.CompiledRunner (same package, same full constant update checked, on
-  CPU the same user-managed weights), except that the compiled call runs with the GIL released.
+  the same user-managed weights), except that the compiled call runs with the GIL released.
 - The C++ shim is built once per source text by torch.utils.cpp_extension (cached under
   $TORCH_EXTENSIONS_DIR, file-locked, so concurrent rank workers build it once);
   `build()` in the parent before starting workers keeps the build out of their load time.
@@ -32,10 +32,9 @@ struct NoGilLoader {
   explicit NoGilLoader(const std::string& path) : loader(path) {}
   std::vector<std::string> constant_fqns() { return loader.get_constant_fqns(); }
   std::unordered_map<std::string, std::string> metadata() { return loader.get_metadata(); }
-  void load_constants(std::unordered_map<std::string, at::Tensor> constants, bool user_managed,
-                      bool allow_h2d_copy) {
-    loader.load_constants(constants, /*use_inactive=*/false, /*check_full_update=*/true, user_managed,
-                          allow_h2d_copy);
+  // four arguments: torch 2.11's loader has no allow_h2d_copy (attach_constants places the tensors)
+  void load_constants(std::unordered_map<std::string, at::Tensor> constants, bool user_managed) {
+    loader.load_constants(constants, /*use_inactive=*/false, /*check_full_update=*/true, user_managed);
   }
   std::vector<at::Tensor> run(std::vector<at::Tensor> inputs) {
     // the reason this module exists: gloo threads may need the GIL while this call waits on them
@@ -81,7 +80,7 @@ class NoGilRunner:
         except RuntimeError as err:  # the loader raises bare RuntimeErrors from C++
             raise DiffletError(f"cannot load compiled program: {err}", where=program_path) from None
         weights = program_constants(list(self._loader.constant_fqns()), weights_path, constants_path, shared)
-        # as CompiledRunner: on CPU the program points at these tensors (weights in memory once)
+        # as CompiledRunner: the program points at these tensors (weights in memory once)
         self._constants = attach_constants(self._loader.load_constants, self._loader.metadata(), weights)
 
     def __call__(self, *tensors):

@@ -11,7 +11,8 @@ Invariants:
 - Every backend keeps weights out of its programs (the cache key excludes weights: one program
   serves every checkpoint of a config), so no declaration has a weights capability to read.
 - `key_part(target)` is {} for a backend without compiler flags: such a key is exactly its name,
-  its compiler version and the component's inputs (passes/cache_key.py).
+  its compiler version and the component's inputs (passes/cache_key.py). Inductor's flags are the
+  target's device when it is not the CPU (a CUDA program never answers a CPU key, nor the reverse).
 - A backend that builds split programs builds them either as per-rank programs compiled in rank
   workers or (`spmd_splits`) as one SPMD program for every rank: tp-only, for the classes each
   family lists in `spmd_built` (passes/built.py).
@@ -37,6 +38,7 @@ class BackendFacts:
     block_programs: bool = False  # builds block mode's front and rest programs (shared weights file)
     flags: Callable[[str], dict[str, Any]] | None = None  # target name -> the key's compiler-flags part
     attention: str = "fused"  # the bounded-attention kernel its programs call (kernels/select.py IMPLEMENTATIONS)
+    devices: tuple[str, ...] = ()  # torch devices it compiles for (a target's `device`); () = it places its own
 
     @property
     def rank_splits(self) -> bool:
@@ -48,9 +50,19 @@ class BackendFacts:
         return self.flags(target) if self.flags is not None and target else {}
 
 
+def inductor_device(target: str) -> dict[str, Any]:
+    """The inductor key's device part: {} for the CPU (so every CPU key is what it was before
+    devices existed), {"device": NAME} for another: a program is compiled for one device."""
+    from difflet.passes.targets import program_device
+
+    device = program_device(target)
+    return {"device": device} if device not in (None, "cpu") else {}
+
+
 BACKENDS: dict[str, BackendFacts] = {
     "inductor": BackendFacts("inductor", compiler="torch", split_programs=True, parallel_compiles=True,
-                             shape_buckets=True, block_programs=True),
+                             shape_buckets=True, block_programs=True, flags=inductor_device,
+                             devices=("cpu", "cuda")),
     "neuron": BackendFacts("neuron", compiler="neuronx-cc", toolchain=("torch-neuronx", "neuronx-distributed"),
                            split_programs=True, spmd_splits=True,
                            flags=neuron_flags.key_part, attention="nki"),

@@ -56,12 +56,15 @@ def replica_world(layout_attrs) -> int:
     return Layout.of(layout_attrs).replica_world
 
 
-def layout_reason(comp: Node, backend: str = "inductor") -> str | None:
-    """Why codegen cannot build this planned component's layout (None when it can)."""
+def layout_reason(comp: Node, backend: str = "inductor", device: str | None = None) -> str | None:
+    """Why codegen cannot build this planned component's layout for programs on `device` (the
+    target's, passes/targets.py `program_device`) (None when it can)."""
     layouts = comp.find(Op.LAYOUT)
     la = layouts[0].attrs if layouts else None
     if la is None or replica_world(la) == 1:
         return None
+    if device not in (None, "cpu"):  # rank workers compile and run their programs on the CPU, over gloo
+        return f"split programs for {device} devices (one rank per device, NCCL) are not built yet: CPU ranks only"
     cls = comp.attrs.get("class")
     cfg = int(la.get("cfg", 1))
     if cfg > 1 and not has_twins(comp):
@@ -120,7 +123,10 @@ def blocks_reason(comp: Node, backend: str = "inductor") -> str | None:
 
 def reasons(planned: Module, backend: str = "inductor") -> list[tuple[str, str]]:
     """(component, reason) for everything in a planned module that codegen would refuse."""
-    out = [(c.name, r) for c in planned.components() if (r := layout_reason(c, backend))]
+    from difflet.passes.targets import program_device
+
+    device = program_device(planned.attrs.get("target"))
+    out = [(c.name, r) for c in planned.components() if (r := layout_reason(c, backend, device))]
     out += [(p.name, r) for p in planned.find(Op.PROBE) if (r := probe_reason(p))]
     out += [(c.name, r) for c in planned.components() if (r := blocks_reason(c, backend))]
     return out

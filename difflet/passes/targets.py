@@ -5,6 +5,8 @@ target is adding a JSON file. Fields:
 - cores_per_device, max_cores: ranks per chip and per largest instance (trn2.48xlarge: 64);
 - memory_per_core_gib, reserved_per_core_gib: HBM per rank and what the runtime keeps back;
 - tile_tokens: sequence tile height (trn2: 128 SBUF partitions); max_head_dim;
+- device (optional): the torch device the inductor backend compiles this target's programs for
+  and runs them on (cpu, cuda); absent where the backend places its programs itself (neuron);
 - backends: the codegen backends that can target it; attention_modes: CP modes it runs;
 - fused_attention: the masked fused-kernel contract (equal Q/K lengths per masked call,
   contiguous valid keys, Ring built from separate calls when its kernel needs equal lengths);
@@ -45,3 +47,9 @@ def load_target(name: str) -> Mapping[str, Any]:
     if missing:
         raise DiffletError(f"target table lacks {', '.join(missing)}", where=str(path))
     return MappingProxyType(table)
+
+
+def program_device(name: str | None) -> str | None:
+    """The torch device programs for target `name` are compiled for (its table's `device`; None
+    when the table has none, or for no target)."""
+    return load_target(name).get("device") if name else None

@@ -135,6 +135,8 @@ class ProgressBar:
                    "the planner must call it legal and codegen build it)")
 @click.option("--attention", default=None, type=click.Choice(cp_modes.CHOICES),
               help="context-parallel attention mode (with cpN in --parallel)")
+@click.option("--target", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]),
+              help="where the programs run: this machine's CPU, or its CUDA device (the host stays on the CPU)")
 @click.option("--store", default=None, type=click.Path(file_okay=False),
               help="program store (default: $DIFFLET_STORE or the user cache)")
 @click.option("--lossless-video", is_flag=True,
@@ -142,7 +144,8 @@ class ProgressBar:
 @click.option("--verbose", is_flag=True,
               help="also print codegen's line per program and the libraries' own warnings and bars")
 def demo(output: str, prompt_arg: str | None, prompt: str | None, model: str, seed: int,
-         parallel: str, attention: str | None, store: str | None, verbose: bool, lossless_video: bool) -> None:
+         parallel: str, attention: str | None, target: str, store: str | None, verbose: bool,
+         lossless_video: bool) -> None:
     """Lower, optimize, compile and serve a bundled model (default: the trained flux-shapes);
     generate one image (PNG) or video (MP4)."""
     from difflet.runtime.demo import DEFAULT_PROMPT, run_demo
@@ -151,7 +154,7 @@ def demo(output: str, prompt_arg: str | None, prompt: str | None, model: str, se
         raise click.UsageError("give the prompt once (PROMPT or --prompt)")
     run_demo(Path(output) if output else None, prompt_arg or prompt or DEFAULT_PROMPT, Path(store) if store else None,
              seed=seed, log=click.echo, model=model, verbose=verbose, parallel=parallel,
-             attention=attention, lossless_video=lossless_video)
+             attention=attention, target=target, lossless_video=lossless_video)
 
 
 COMMANDS = [generate, demo]

@@ -1,10 +1,10 @@
-"""`difflet demo`: the whole toolchain on a bundled model, CPU, one command.
+"""`difflet demo`: the whole toolchain on a bundled model, one command (CPU; `--target cuda`: a CUDA device).
 
 Models (`MODELS`): flux-shapes (default; the trained pipeline shipped in difflet/assets/flux-shapes,
 so the image follows the prompt), and every bundled `*-tiny*` description (each family's real
 pipeline at toy size with random:0 weights: noise-like output; the video models write MP4;
 `*-tiny4`: heads that divide 4, for split layouts), so a new family's tiny description is a demo.
-Stages (each timed): lower -> opt (--parallel, default tp1; cpu, inductor) -> codegen (the model's weights, programs
+Stages (each timed): lower -> opt (--parallel, default tp1; --target, default cpu; inductor) -> codegen (the model's weights, programs
 from the content-addressed store) -> start `difflet-runtime --port 0` and wait until it prints
 "listening on HOST:PORT" (it does so only once SERVING) -> one Generate over gRPC -> write the
 PNG (or MP4) -> SIGTERM the server and wait for its exit.
@@ -130,8 +130,8 @@ def quiet_libraries() -> None:
 
 def compile_model(model: str, art: Path, store: Path, report: DemoReport | None = None,
                   log: Callable[[str], None] | None = None, verbose: bool = False,
-                  parallel: str = "tp1", attention: str | None = None):
-    """Lower, optimize (PARALLEL, default tp1; cpu, inductor) and codegen bundled MODEL into a
+                  parallel: str = "tp1", attention: str | None = None, target: str = "cpu"):
+    """Lower, optimize (PARALLEL, default tp1; TARGET, default cpu; inductor) and codegen bundled MODEL into a
     fresh ART dir (programs from STORE); returns codegen's result. ART is a view of the store:
     rebuilt each call."""
     from difflet.codegen.driver import codegen
@@ -145,7 +145,7 @@ def compile_model(model: str, art: Path, store: Path, report: DemoReport | None 
     with _Timer(report, "lower"):
         module = lower_file(str(dsl))
     with _Timer(report, "opt"):
-        module = optimize(module, parallel=parallel, target="cpu", backend="inductor", attention=attention)
+        module = optimize(module, parallel=parallel, target=target, backend="inductor", attention=attention)
         from difflet.passes.built import reasons
 
         unbuilt = reasons(module, "inductor")  # refuse before any compile, in codegen's words
@@ -163,7 +163,7 @@ def compile_model(model: str, art: Path, store: Path, report: DemoReport | None 
 def run_demo(output: Path | None, prompt: str, store: Path | None, seed: int = 42,
              log: Callable[[str], None] = print, model: str = DEFAULT_MODEL,
              verbose: bool = False, parallel: str = "tp1", attention: str | None = None,
-             lossless_video: bool = False) -> DemoReport:
+             target: str = "cpu", lossless_video: bool = False) -> DemoReport:
     from difflet.codegen.store import default_store_dir
     from difflet.runtime import client
 
@@ -176,8 +176,9 @@ def run_demo(output: Path | None, prompt: str, store: Path | None, seed: int = 4
     report = DemoReport()
     art = store / "demo-art" / (model if parallel == "tp1" and not attention
                                 else f"{model}-{parallel}-{attention or 'default'}")
+    art = art if target == "cpu" else art.with_name(f"{art.name}-{target}")
     compile_model(model, art, store, report, log=log if verbose else None, verbose=verbose,
-                  parallel=parallel, attention=attention)
+                  parallel=parallel, attention=attention, target=target)
     with _Timer(report, "load+warm-up") as t:
         proc = launch_server(art, ("--lossless-video",) if lossless_video else ())
         ready = read_line(proc, "model process 0 ready: ")  # its imports, load and warm-up
