@@ -8,7 +8,8 @@ input left out of the program's signature; the host calls the program of the val
 
 Invariants:
 - Which inputs a class branches on is declared once, beside its family (`ClassDecl.branch_inputs`);
-  whether to split them into programs is the target table's `control_flow` (default true).
+  whether to split them into programs is the target table's `control_flow` (default true), and
+  also on a torch older than COND_TORCH, whose export cannot trace them inside torch.cond.
 - A branch view is the component without the branch input and with `attrs.branch = {name: value}`
   and its own cache key `branch_key(cache_key, name, value)`: each branch program is
   content-addressed on its own, and the component's key still identifies the set.
@@ -29,11 +30,26 @@ from difflet.ir.nodes import Module, Node, Op, RuntimeType
 MAX_BRANCHES = 4
 
 
+# the first torch whose export traces Wan's decoder inside torch.cond: 2.11's Dynamo stops at
+# diffusers' `feat_cache[idx] == "Rep"` (a tensor's __eq__ with a str returns NotImplemented)
+COND_TORCH = (2, 13)
+
+
+def torch_traces_cond() -> bool:
+    """Whether the installed torch exports the declared branching classes as one torch.cond program."""
+    import torch
+
+    return tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= COND_TORCH
+
+
 def target_control_flow(module: Module) -> bool:
-    """Whether the module's target compiles data-dependent control flow (its table's `control_flow`)."""
+    """Whether codegen builds data-dependent control flow for the module's target: its table's
+    `control_flow` and, for torch.cond, a torch that exports it (`torch_traces_cond`; the torch
+    version is part of every cache key, so the choice never mixes programs)."""
     from difflet.passes.targets import load_target
 
-    return bool(load_target(str(module.attrs.get("target", "cpu"))).get("control_flow", True))
+    return bool(load_target(str(module.attrs.get("target", "cpu"))).get("control_flow", True)) \
+        and torch_traces_cond()
 
 
 def branch_key(cache_key: str, name: str, value: int) -> str:

@@ -16,6 +16,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as fc
 
+# torch 2.13 names these *_single (its *_tensor names warn, deprecated); torch 2.11, the device
+# image's, has only all_gather_tensor / reduce_scatter_tensor: the same c10d functional ops
+_all_gather_single = getattr(fc, "all_gather_single", None) or fc.all_gather_tensor
+_reduce_scatter_single = getattr(fc, "reduce_scatter_single", None) or fc.reduce_scatter_tensor
+
 
 def wait(x: torch.Tensor) -> torch.Tensor:
     """The finished result of a collective (a no-op on a plain tensor)."""
@@ -35,14 +40,14 @@ def all_gather(x: torch.Tensor, dim: int, group) -> torch.Tensor:
     """Concatenate every rank's `x` along `dim`, in group rank order."""
     if size(group) == 1:
         return x
-    return wait(fc.all_gather_single(x.contiguous(), dim % x.dim(), group))
+    return wait(_all_gather_single(x.contiguous(), dim % x.dim(), group))
 
 
 def reduce_scatter(x: torch.Tensor, dim: int, group) -> torch.Tensor:
     """Sum `x` over the group and keep this rank's `dim`-chunk (dim must divide by the size)."""
     if size(group) == 1:
         return x
-    return wait(fc.reduce_scatter_single(x.contiguous(), "sum", dim % x.dim(), group))
+    return wait(_reduce_scatter_single(x.contiguous(), "sum", dim % x.dim(), group))
 
 
 def all_reduce(x: torch.Tensor, group) -> torch.Tensor:
