@@ -9,6 +9,9 @@ largest sum over the tree, codegen's compile workers included):
             second artifact on the same store (warm: must compile nothing)
   serve     the model process's code (ModelRunner over the artifact): load, warm-up generation,
             then one request (prompt, seed 0, CFG on): encode, each denoising step, decode
+  runtime   difflet-runtime on the artifact as a user starts it (API process + model process):
+            start until serving, the same request over gRPC (lossless video); the model
+            process's peak RSS apart from the API process's
   pipeline  WanPipeline.from_pretrained(CKPT) (bf16, the VAE fp32 as Wan's docs load it): load,
             the same request (each step timed by callback_on_step_end), decode; then the
             diffusers modules on the inputs Difflet's programs were given (per-program cos)
@@ -20,7 +23,7 @@ process), `step_time_ratio` (Difflet / WanPipeline, median denoising step), per-
 PSNR per frame end to end (and the floor's).
 
     python bench/real_size.py --checkpoint /data/wan2.1-1.3b-random [--work DIR]
-        [--height 240 --width 416 --frames 17 --steps 4] [--stages lower,codegen,serve,pipeline,floor]
+        [--height 240 --width 416 --frames 17 --steps 4] [--stages lower,codegen,serve,runtime,pipeline,floor]
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 from real_size_children import GUIDANCE  # noqa: E402
 RESULTS = REPO / "bench" / "results"
-STAGES = ("lower", "codegen", "serve", "pipeline", "floor")
+STAGES = ("lower", "codegen", "serve", "runtime", "pipeline", "floor")
 
 
 def _tree_rss(pid: int) -> int:
@@ -133,6 +136,10 @@ def compare(work: Path) -> dict:
     assert ours.shape == ref.shape, (ours.shape, ref.shape)
     frames = [round(float(psnr(a, b)), 2) for a, b in zip(ours, ref)]
     res = {"shape": list(ours.shape), "psnr_per_frame_db": frames, "min_psnr_db": min(frames)}
+    if (work / "runtime_video.npy").is_file():  # served by difflet-runtime: the same frames as the runner's?
+        served = np.load(work / "runtime_video.npy")
+        res["runtime_psnr_per_frame_db"] = [round(float(psnr(a, b)), 2) for a, b in zip(served, ref)]
+        res["runtime_equals_runner"] = bool(served.shape == ours.shape and (served == ours).all())
     if (work / "pipeline_math_video.npy").is_file():  # the floor: WanPipeline against itself, other SDPA kernel
         other = np.load(work / "pipeline_math_video.npy")
         res["floor_psnr_per_frame_db"] = [round(float(psnr(a, b)), 2) for a, b in zip(other, ref)]
@@ -161,8 +168,14 @@ def markdown(res: dict) -> str:
             q = r["request"]
             rows.append(f"| {name}: request | {q['total']} | {r['peak_rss_gib']} (process peak) | encode "
                         f"{q['encode']} s, denoise {q['denoise_step_s']} s/step, decode {q['decode']} s |")
+        if who == "serve" and "runtime" in res:
+            r, q = res["runtime"], res["runtime"]["request"]
+            rows.append(f"| difflet-runtime: start (load + warm-up) | {r['start_s']} | | |")
+            rows.append(f"| difflet-runtime: request over gRPC | {q['total']} | {r['model_process_peak_rss_gib']} "
+                        f"(model process), {r['api_process_peak_rss_gib']} (API process) | encode {q['encode']} s, "
+                        f"denoise {q['denoise_step_s']} s/step, decode {q['decode']} s |")
     lines = ["\n".join(rows), ""]
-    for key in ("peak_rss_ratio", "step_time_ratio"):
+    for key in ("peak_rss_ratio", "runtime_peak_rss_ratio", "step_time_ratio"):
         if key in res:
             lines.append(f"- {key}: {res[key]}")
     if "cos" in res.get("pipeline", {}):
@@ -170,6 +183,10 @@ def markdown(res: dict) -> str:
     if "end_to_end" in res:
         e2e = res["end_to_end"]
         lines.append(f"- PSNR per frame, Difflet vs WanPipeline (dB): {e2e['psnr_per_frame_db']}")
+        if "runtime_psnr_per_frame_db" in e2e:
+            lines.append(f"- PSNR per frame, served by difflet-runtime vs WanPipeline (dB): "
+                         f"{e2e['runtime_psnr_per_frame_db']}; the same frames as the runner's: "
+                         f"{e2e['runtime_equals_runner']}")
         if "floor_psnr_per_frame_db" in e2e:
             lines.append(f"- PSNR per frame, WanPipeline (math SDPA) vs WanPipeline (dB): {e2e['floor_psnr_per_frame_db']}")
     return "\n".join(lines) + "\n"
@@ -185,12 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--stages", default=",".join(STAGES))
     ap.add_argument("--json", type=Path, default=RESULTS / "real_size.json")
-    ap.add_argument("--child", choices=("serve", "pipeline", "floor"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=("serve", "runtime", "pipeline", "floor"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        from real_size_children import child_floor, child_pipeline, child_serve
+        from real_size_children import child_floor, child_pipeline, child_runtime, child_serve
 
-        res = {"serve": child_serve, "pipeline": child_pipeline, "floor": child_floor}[args.child](args)
+        res = {"serve": child_serve, "runtime": child_runtime, "pipeline": child_pipeline,
+               "floor": child_floor}[args.child](args)
         (args.work / f"{args.child}.json").write_text(json.dumps(res))
         return 0
     if not (args.checkpoint / "model_index.json").is_file():
@@ -212,8 +230,14 @@ def main(argv: list[str] | None = None) -> int:
         res["peak_rss_ratio"] = round(res["serve"]["peak_rss_gib"] / res["pipeline"]["peak_rss_gib"], 3)
         res["step_time_ratio"] = round(statistics.median(res["serve"]["request"]["steps_s"])
                                        / statistics.median(res["pipeline"]["request"]["steps_s"]), 3)
+        if "runtime" in res:
+            res["runtime_peak_rss_ratio"] = round(res["runtime"]["model_process_peak_rss_gib"]
+                                                  / res["pipeline"]["peak_rss_gib"], 3)
         if (args.work / "pipeline_video.npy").is_file():
-            res["end_to_end"] = compare(args.work)
+            prev, res["end_to_end"] = res.get("end_to_end", {}), compare(args.work)
+            # the floor is WanPipeline against itself: an earlier floor stage's figures stay valid
+            res["end_to_end"].update({k: v for k, v in prev.items() if k.startswith("floor_")
+                                      and k not in res["end_to_end"]})
     args.json.write_text(json.dumps(res, indent=2))
     md = markdown(res)
     args.json.with_suffix(".md").write_text(md)

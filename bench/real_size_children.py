@@ -1,6 +1,6 @@
-"""The two measured processes of bench/real_size.py (each run as `real_size.py --child NAME`):
-Difflet's model-process code over the artifact, and WanPipeline from the same checkpoint with the
-per-program comparison on the inputs Difflet's programs were given."""
+"""The measured processes of bench/real_size.py (each run as `real_size.py --child NAME`):
+Difflet's model-process code over the artifact, difflet-runtime serving it, and WanPipeline from
+the same checkpoint with the per-program comparison on the inputs Difflet's programs were given."""
 from __future__ import annotations
 
 import time
@@ -54,6 +54,64 @@ def child_serve(args) -> dict:
     np.save(args.work / "difflet_video.npy", result.video)
     torch.save({"captures": captures, "latents": state.values["latents"], "decoded": state.values["decoded"]},
                args.work / "difflet_values.pt")
+    return res
+
+
+def child_runtime(args) -> dict:
+    """difflet-runtime over the artifact, started as a user starts it (API process + model process):
+    until it serves (load + warm-up generation), then the same request over gRPC (lossless video)
+    and stop. Each process's RSS sampled every 0.2 s: the model process's peak apart from the API
+    process's."""
+    import threading
+
+    import numpy as np
+    import psutil
+
+    from difflet.runtime import client
+    from difflet.runtime.demo import launch_server, read_line, stop_server
+    from difflet.runtime.media import decode_mp4
+
+    start = time.perf_counter()
+    proc = launch_server(args.work / "art", ("--lossless-video",))
+    peaks: dict[int, int] = {}
+    done = threading.Event()
+
+    def sample() -> None:
+        root = psutil.Process(proc.pid)
+        while not done.is_set():
+            try:
+                tree = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                return
+            for q in tree:
+                try:
+                    peaks[q.pid] = max(peaks.get(q.pid, 0), q.memory_info().rss)
+                except psutil.Error:
+                    pass
+            time.sleep(0.2)
+
+    threading.Thread(target=sample, daemon=True).start()
+    try:
+        read_line(proc, "model process 0 ready: ", timeout=3600)
+        address = read_line(proc, "listening on ", timeout=60)
+        res = {"start_s": round(time.perf_counter() - start, 1)}
+        start = time.perf_counter()
+        reply = client.generate(address, PROMPT, 0, timeout=3600, negative_prompt=NEGATIVE, steps=args.steps,
+                                guidance=GUIDANCE, height=args.height, width=args.width, frames=args.frames)
+        total = time.perf_counter() - start
+    finally:
+        stop_server(proc)
+        done.set()
+    tm = reply.timings
+    res["request"] = {"total": round(total, 2), "encode": round(tm.encode_ms / 1000, 2),
+                      "decode": round(tm.decode_ms / 1000, 2),
+                      "denoise_step_s": round(tm.denoise_ms / 1000 / args.steps, 2)}
+    # the model process holds the weights: the largest process of the server's tree
+    model_pid = max((pid for pid in peaks if pid != proc.pid), key=peaks.get)
+    res["model_process_peak_rss_gib"] = round(peaks[model_pid] / 2**30, 2)
+    res["api_process_peak_rss_gib"] = round(peaks[proc.pid] / 2**30, 2)
+    video, _ = decode_mp4(reply.mp4)
+    np.save(args.work / "runtime_video.npy", video)
     return res
 
 
