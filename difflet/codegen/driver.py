@@ -28,6 +28,7 @@ from difflet.codegen.manifest import (FORMAT_VERSION, MANIFEST, MODULE_FILE, Com
 from difflet.errors import DiffletError
 from difflet.ir.buckets import base_name, buckets
 from difflet.ir.nodes import Module, Node, Op, thaw
+from difflet.passes.targets import program_device  # torch-free
 
 
 @dataclass
@@ -40,8 +41,6 @@ class CodegenResult:
 
 
 def _require_planned(module: Module, backend: str = "inductor") -> None:
-    from difflet.passes.targets import program_device
-
     if module.level != "planned":
         raise DiffletError(f"codegen needs planned IR, got {module.level!r} level; run "
                            "`difflet opt IN.ir -o OUT.ir` first", where=module.loc)
@@ -139,7 +138,6 @@ def _codegen(module: Module, weights, out: Path, backend: str, store, log, verbo
     from difflet.codegen.store import Store
     from difflet.version import __version__
     from difflet.ir import binary
-    from difflet.passes.targets import program_device
 
     _require_planned(module, backend)
     be = get_backend(backend)  # an unavailable backend (neuron here) fails before any work
@@ -237,8 +235,6 @@ def _codegen_cfg(module: Module, comp: Node, ckpt: Path, store, be, out: Path) -
 
     inner = inner_node(module, comp)
     if _world(inner) == 1:
-        from difflet.passes.targets import program_device
-
         entry, created = emit_node(inner, ckpt, store, be.name, out, program_device(module.attrs.get("target")))
         ranks = list(entry.ranks)
     else:

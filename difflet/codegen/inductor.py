@@ -193,10 +193,11 @@ class CompiledRunner:
             raise DiffletError(f"cannot load compiled program: {err}", where=program_path) from None
         self._constants = program_constants(list(self._model.get_constant_fqns()), weights_path,
                                             constants_path, shared)
-        self._device = program_device(self._model.get_metadata())
+        metadata = self._model.get_metadata()
+        self._device = program_device(metadata)
         self._constants = attach_constants(
             lambda c, user_managed: self._model.load_constants(c, check_full_update=True, user_managed=user_managed),
-            self._model.get_metadata(), self._constants)
+            metadata, self._constants)
 
     def weight_names(self) -> list[str]:
         return list(self._model.get_constant_fqns())

@@ -15,6 +15,10 @@ from pathlib import Path
 import click
 
 from difflet.passes import cp_modes  # torch-free
+from difflet.passes.targets import load_target, target_names  # torch-free
+
+# the targets whose table names a torch device: where inductor programs (the demo's) can run
+DEVICE_TARGETS = [t for t in target_names() if load_target(t).get("device")]
 from difflet.runtime.demo import MODELS as DEMO_MODELS  # stdlib-only module: no torch at CLI start
 from difflet.runtime.request import FIELDS
 
@@ -135,7 +139,7 @@ class ProgressBar:
                    "the planner must call it legal and codegen build it)")
 @click.option("--attention", default=None, type=click.Choice(cp_modes.CHOICES),
               help="context-parallel attention mode (with cpN in --parallel)")
-@click.option("--target", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]),
+@click.option("--target", default="cpu", show_default=True, type=click.Choice(DEVICE_TARGETS),
               help="where the programs run: this machine's CPU, or its CUDA device (the host stays on the CPU)")
 @click.option("--store", default=None, type=click.Path(file_okay=False),
               help="program store (default: $DIFFLET_STORE or the user cache)")
