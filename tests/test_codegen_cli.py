@@ -35,6 +35,28 @@ def test_pipeline_level_ir_is_refused_with_a_hint(tmp_path):
     assert r.stderr.startswith(f"error: {FLUX_TINY_DSL}:") and "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("stale", ["difflet_version", "compiler_version"])
+def test_ir_planned_under_another_toolchain_is_refused_before_any_work(tmp_path, stale):
+    """Keys hash the Difflet program sources and the compiler's versions (passes/cache_key.py): a
+    program compiled under an IR's stale key would later answer for what this toolchain builds."""
+    from difflet.frontend.lower import lower_file
+    from difflet.ir.binary import save
+    from difflet.passes.cache_key import compiler_version, difflet_version
+    from difflet.passes.pipeline import optimize
+
+    from conftest import FLUX_TINY_DSL
+
+    pinned = {"difflet_version": difflet_version(), "compiler_version": compiler_version("inductor")}
+    pinned[stale] = "torch==0.0.1-elsewhere" if stale == "compiler_version" else "0.0.1+src.elsewhere"
+    save(optimize(lower_file(str(FLUX_TINY_DSL)), parallel="tp1", **pinned), tmp_path / "m.ir")
+    r = _difflet("codegen", str(tmp_path / "m.ir"), "--weights", "random:0", "-o", str(tmp_path / "art"),
+                 "--store", str(tmp_path / "store"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+    what = "toolchain torch==0.0.1-elsewhere" if stale == "compiler_version" else "difflet 0.0.1+src.elsewhere"
+    assert f"planned under another {what} (here " in r.stderr and "run `difflet opt`" in r.stderr
+    assert not (tmp_path / "art").exists() and not (tmp_path / "store").exists()
+
+
 def test_missing_weights_option_is_a_usage_error(tmp_path):
     r = _difflet("codegen", str(tmp_path / "m.ir"), "-o", str(tmp_path / "art"))
     assert r.returncode == 2 and "--weights" in r.stderr

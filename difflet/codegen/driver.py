@@ -44,6 +44,7 @@ def _require_planned(module: Module, backend: str = "inductor") -> None:
     if module.level != "planned":
         raise DiffletError(f"codegen needs planned IR, got {module.level!r} level; run "
                            "`difflet opt IN.ir -o OUT.ir` first", where=module.loc)
+    _require_current_keys(module, backend)
     for comp in module.components():
         if not comp.attrs.get("cache_key"):
             raise DiffletError(f"component {comp.name!r} has no cache_key; run `difflet opt` first",
@@ -61,6 +62,21 @@ def _require_planned(module: Module, backend: str = "inductor") -> None:
             if reason:
                 raise DiffletError(f"component {comp.name!r} is planned for {layout.attrs.get('world')} ranks; "
                                    f"{reason}", where=layout.loc)
+
+
+def _require_current_keys(module: Module, backend: str) -> None:
+    """Refuse IR keyed under another toolchain: `difflet opt` hashes the Difflet program sources and
+    the compiler's versions into each key, so a program compiled here under such a key would answer
+    for programs this toolchain does not build (a stale IR after an upgrade or a source edit)."""
+    from difflet.passes.cache_key import compiler_version, difflet_version
+
+    planned = {"difflet": module.attrs.get("difflet_version"), "toolchain": module.attrs.get("compiler")}
+    here = {"difflet": difflet_version(), "toolchain": compiler_version(module.attrs.get("backend", backend))}
+    stale = [f"{k} {planned[k]} (here {here[k]})" for k in planned if planned[k] != here[k]]
+    if stale:
+        raise DiffletError(f"the IR was planned under another {' and '.join(stale)}: its cache keys name "
+                           "programs this installation does not build; run `difflet opt` on the lowered "
+                           "IR again", where=module.loc)
 
 
 def _check_buckets(module: Module, be) -> None:
