@@ -166,16 +166,19 @@ def markdown(res: dict) -> str:
             if who == "serve":
                 rows.append(f"| {name}: warm-up generation | {r['warm_up_s']} | | |")
             q = r["request"]
-            rows.append(f"| {name}: request | {q['total']} | {r['peak_rss_gib']} (process peak) | encode "
+            sampled = f", {r['sampled_peak_rss_gib']} (sampled)" if "sampled_peak_rss_gib" in r else ""
+            rows.append(f"| {name}: request | {q['total']} | {r['peak_rss_gib']} (VmHWM){sampled} | encode "
                         f"{q['encode']} s, denoise {q['denoise_step_s']} s/step, decode {q['decode']} s |")
         if who == "serve" and "runtime" in res:
             r, q = res["runtime"], res["runtime"]["request"]
             rows.append(f"| difflet-runtime: start (load + warm-up) | {r['start_s']} | | |")
-            rows.append(f"| difflet-runtime: request over gRPC | {q['total']} | {r['model_process_peak_rss_gib']} "
-                        f"(model process), {r['api_process_peak_rss_gib']} (API process) | encode {q['encode']} s, "
+            hwm = f"{r['model_process_vm_hwm_gib']} (VmHWM), " if "model_process_vm_hwm_gib" in r else ""
+            rows.append(f"| difflet-runtime: request over gRPC | {q['total']} | model process {hwm}"
+                        f"{r['model_process_peak_rss_gib']} (sampled); API process {r['api_process_peak_rss_gib']} "
+                        f"| encode {q['encode']} s, "
                         f"denoise {q['denoise_step_s']} s/step, decode {q['decode']} s |")
     lines = ["\n".join(rows), ""]
-    for key in ("peak_rss_ratio", "runtime_peak_rss_ratio", "step_time_ratio"):
+    for key in ("peak_rss_ratio", "runtime_peak_rss_ratio", "runtime_sampled_peak_rss_ratio", "step_time_ratio"):
         if key in res:
             lines.append(f"- {key}: {res[key]}")
     if "cos" in res.get("pipeline", {}):
@@ -230,9 +233,12 @@ def main(argv: list[str] | None = None) -> int:
         res["peak_rss_ratio"] = round(res["serve"]["peak_rss_gib"] / res["pipeline"]["peak_rss_gib"], 3)
         res["step_time_ratio"] = round(statistics.median(res["serve"]["request"]["steps_s"])
                                        / statistics.median(res["pipeline"]["request"]["steps_s"]), 3)
-        if "runtime" in res:
-            res["runtime_peak_rss_ratio"] = round(res["runtime"]["model_process_peak_rss_gib"]
-                                                  / res["pipeline"]["peak_rss_gib"], 3)
+        rt, pl = res.get("runtime", {}), res["pipeline"]
+        if "model_process_vm_hwm_gib" in rt:  # each side's peak measured the same way: VmHWM, and sampled
+            res["runtime_peak_rss_ratio"] = round(rt["model_process_vm_hwm_gib"] / pl["peak_rss_gib"], 3)
+        if "model_process_peak_rss_gib" in rt and "sampled_peak_rss_gib" in pl:
+            res["runtime_sampled_peak_rss_ratio"] = round(rt["model_process_peak_rss_gib"]
+                                                          / pl["sampled_peak_rss_gib"], 3)
         if (args.work / "pipeline_video.npy").is_file():
             prev, res["end_to_end"] = res.get("end_to_end", {}), compare(args.work)
             # the floor is WanPipeline against itself: an earlier floor stage's figures stay valid
