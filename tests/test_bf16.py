@@ -1,22 +1,21 @@
 """bf16 end to end: flux-tiny-bf16 and wan2.1-tiny-bf16 compiled (AOTInductor) and served by
-Difflet's runner against diffusers' FluxPipeline / WanPipeline and their component classes on the
-same random:0 checkpoint.
+Difflet's runner against diffusers' FluxPipeline / WanPipeline and their component classes, in bf16,
+on the same random:0 checkpoint.
 
-Per program: cosine similarity of the program's output and the bf16 module's (target >= 0.9999).
-The transformer is measured differently: eager bf16 rounds every op's output to bf16, and over its
-three blocks that alone puts it at cos 0.9992 from the exact maths (the same bf16 weights and inputs
-evaluated in fp32), while the compiled program, whose fused kernels round once per kernel, is at
-0.99999. So its oracle is the fp32 evaluation (cos >= 0.9999) and it must be at least as close to
-it as diffusers' bf16 eager is.
+Per program: cosine similarity of the program's output and the bf16 module's. Inductor compiles with
+emulate_precision_casts (difflet/codegen/inductor.py), so a fused kernel rounds to bf16 wherever
+eager rounds an op's output: the transformer programs are then eager's computation (measured bit
+equal on this machine, cos 1.0), held to cos >= 0.99999; without the flag they were at 0.99985 from
+eager (closer to the fp32 maths, further from what diffusers serves), and at real size that drift
+compounded over 50 steps to 24-26 dB from WanPipeline (README, Real size).
 
-Served output, for the same reason, is held to the pipeline run in fp32 on the same bf16 weights
-(exact maths) with the bound BF16_MIN_PSNR / BF16_MAX_DIFF. Measured on this machine: the served
-images at 53.4 / 52.8 dB (max |diff| 2) and the Wan video at 49.8 dB (max 4); the wrong settings of
-oracle_util's list at <= 45.6 dB (FLUX: guidance + 0.5 / + 1.5, shift + 2, seed + 1) and <= 43.0 dB
-(Wan: guidance + 1.5, another negative prompt, flow_shift + 2, seed + 1), max |diff| >= 6. Against
-the bf16 eager pipeline the served image is at 47.2 dB and a wrong guidance at 45.7: eager bf16's
-own rounding hides a wrong setting, so it cannot be the oracle. Each served test also runs one wrong
-setting and shows it fails the bound.
+Served output is held to the bf16 pipeline with the bound BF16_MIN_PSNR / BF16_MAX_DIFF: it still
+differs from it where the text encoders and VAE programs do (cos >= 0.9999, not bit equal).
+Measured on this machine: served FLUX images at 50.7 / 48.8 dB (max |diff| 2 / 3), the Wan video
+at 51.3 dB (max 5); wrong settings at <= 45.6 dB with max |diff| >= 6 (guidance + 0.5: 43.4 / 43.7
+dB, max 8 / 7; another negative prompt: 34.0 dB, max 39; before the flag, against the fp32
+pipeline: guidance + 0.5 / + 1.5, shift + 2, seed + 1 all <= 45.6 dB). Each served test also runs
+one wrong setting and shows it fails the bound.
 """
 from __future__ import annotations
 
@@ -33,12 +32,12 @@ FLUX_BF16_DSL = REPO / "models" / "flux-tiny-bf16.dsl"
 PROMPT = "a red fox in the snow"
 
 
-BF16_MIN_PSNR = 48.0  # served bf16 vs exact maths measured >= 49.8 dB, wrong settings <= 45.6 dB
-BF16_MAX_DIFF = 4  # measured <= 4, wrong settings >= 6
+BF16_MIN_PSNR = 47.0  # served vs the bf16 pipeline measured >= 48.8 dB, wrong settings <= 45.6 dB
+BF16_MAX_DIFF = 5  # measured <= 5, wrong settings >= 6
 
 
-def bf16_close(got: np.ndarray, exact: np.ndarray) -> tuple[bool, str]:
-    worst, same, db = image_match(got, exact)
+def bf16_close(got: np.ndarray, ref: np.ndarray) -> tuple[bool, str]:
+    worst, same, db = image_match(got, ref)
     return worst <= BF16_MAX_DIFF and db >= BF16_MIN_PSNR, \
         f"max |diff| {worst} (allowed {BF16_MAX_DIFF}), PSNR {db:.1f} dB (need {BF16_MIN_PSNR}), {100 * same:.1f}% identical"
 
@@ -99,12 +98,11 @@ def test_text_encoder_programs_match_bf16_encoders(programs, pipe):
     assert cos(got, want) >= 0.9999 and cos(got2, want2) >= 0.9999
 
 
-def test_transformer_program_matches_exact_maths_better_than_eager_bf16(programs, pipe, ckpt):
-    from diffusers import FluxPipeline, FluxTransformer2DModel
+def test_transformer_program_rounds_as_eager_bf16(programs, pipe):
+    from diffusers import FluxPipeline
 
     from difflet.families.flux.host import rope_tables
 
-    exact = FluxTransformer2DModel.from_pretrained(str(ckpt), subfolder="transformer", torch_dtype=torch.float32)
     g = torch.Generator().manual_seed(1)
     bf = torch.bfloat16
     x = torch.randn(1, 64, 16, generator=g).to(bf)
@@ -116,16 +114,14 @@ def test_transformer_program_matches_exact_maths_better_than_eager_bf16(programs
     guidance = torch.tensor([3.5])
     for t in (1.0, 0.5, 0.02):
         timestep = torch.tensor([t], dtype=bf)
-        args = dict(hidden_states=x, encoder_hidden_states=text, pooled_projections=pooled, timestep=timestep,
-                    img_ids=img_ids, txt_ids=txt_ids)
         with torch.no_grad():
-            eager = pipe.transformer(**args, guidance=guidance, return_dict=False)[0]
-            want = exact(**{k: v.float() for k, v in args.items()}, guidance=guidance, return_dict=False)[0]
+            eager = pipe.transformer(hidden_states=x, encoder_hidden_states=text, pooled_projections=pooled,
+                                     timestep=timestep, img_ids=img_ids, txt_ids=txt_ids, guidance=guidance,
+                                     return_dict=False)[0]
         (got,) = run(programs["transformer"], x, text, pooled, timestep, img_rope, txt_rope, guidance,
                      torch.tensor(32))
         assert got.dtype == torch.bfloat16
-        assert cos(got, want) >= 0.9999, t
-        assert cos(got, want) >= cos(eager, want), t
+        assert cos(got, eager) >= 0.99999, t  # measured 1.0; once-per-kernel rounding was 0.99985
 
 
 def test_vae_program_matches_bf16_decode(programs, pipe):
@@ -136,18 +132,8 @@ def test_vae_program_matches_bf16_decode(programs, pipe):
     assert got.dtype == torch.bfloat16 and cos(got, want) >= 0.9999
 
 
-@pytest.fixture(scope="module")
-def exact_pipe(ckpt):
-    """FluxPipeline in fp32 on the checkpoint's bf16 weights (exactly representable): exact maths."""
-    from diffusers import FluxPipeline
-
-    pipe = FluxPipeline.from_pretrained(str(ckpt), torch_dtype=torch.float32)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
-
-
 @pytest.mark.parametrize("seed,steps,guidance", [(42, None, None), (7, 2, 1.0)])
-def test_served_image_matches_fluxpipeline_on_the_bf16_weights(art, exact_pipe, seed, steps, guidance):
+def test_served_image_matches_bf16_fluxpipeline(art, pipe, seed, steps, guidance):
     from difflet.runtime.runner import ModelRunner
 
     runner = ModelRunner.from_artifacts(art)
@@ -155,9 +141,9 @@ def test_served_image_matches_fluxpipeline_on_the_bf16_weights(art, exact_pipe, 
     ours = runner.generate(params).image
 
     def reference(guidance_scale: float) -> np.ndarray:
-        return np.asarray(exact_pipe(PROMPT, generator=torch.Generator("cpu").manual_seed(seed),
-                                     num_inference_steps=params.steps, guidance_scale=guidance_scale,
-                                     height=32, width=32, max_sequence_length=32, output_type="pil").images[0])
+        return np.asarray(pipe(PROMPT, generator=torch.Generator("cpu").manual_seed(seed),
+                               num_inference_steps=params.steps, guidance_scale=guidance_scale,
+                               height=32, width=32, max_sequence_length=32, output_type="pil").images[0])
 
     ref = reference(params.guidance)
     assert ours.shape == ref.shape == (32, 32, 3) and ours.std() > 0
@@ -178,7 +164,7 @@ def wan_art(tmp_path_factory):
     return compile_art(module, ckpt, tmp_path_factory.mktemp("wan-tiny-bf16-art")), ckpt
 
 
-def test_wan_transformer_program_matches_exact_maths_better_than_eager_bf16(wan_art):
+def test_wan_transformer_program_rounds_as_eager_bf16(wan_art):
     from diffusers import WanTransformer3DModel
 
     from difflet.codegen.artifacts import load_artifacts
@@ -186,7 +172,6 @@ def test_wan_transformer_program_matches_exact_maths_better_than_eager_bf16(wan_
     art, ckpt = wan_art
     program = load_artifacts(art).programs["transformer"]
     eager = WanTransformer3DModel.from_pretrained(str(ckpt), subfolder="transformer", torch_dtype=torch.bfloat16)
-    exact = WanTransformer3DModel.from_pretrained(str(ckpt), subfolder="transformer", torch_dtype=torch.float32)
     g = torch.Generator().manual_seed(1)
     latents = torch.randn(1, 4, 3, 4, 4, generator=g).to(torch.bfloat16)
     text = torch.randn(1, 16, 32, generator=g).to(torch.bfloat16)
@@ -194,16 +179,14 @@ def test_wan_transformer_program_matches_exact_maths_better_than_eager_bf16(wan_
         timestep = torch.tensor([t], dtype=torch.float32)
         with torch.no_grad():
             e = eager(hidden_states=latents, timestep=timestep, encoder_hidden_states=text, return_dict=False)[0]
-            want = exact(hidden_states=latents.float(), timestep=timestep,
-                         encoder_hidden_states=text.float(), return_dict=False)[0]
         (got,) = run(program, latents, timestep, text)
         assert got.dtype == torch.bfloat16
-        assert cos(got, want) >= 0.9999 and cos(got, want) >= cos(e, want), t
+        assert cos(got, e) >= 0.99999, t  # measured 1.0
 
 
 def test_wan_served_video_matches_bf16_wanpipeline(wan_art):
-    """Text encoder and transformer bf16, VAE fp32 (as models/wan2.1.dsl), against the fp32
-    pipeline on those weights (the module docstring says why)."""
+    """Text encoder and transformer bf16, VAE fp32 (as models/wan2.1.dsl), against WanPipeline
+    loaded the same way."""
     from diffusers import WanPipeline
 
     from difflet.runtime.runner import ModelRunner
@@ -212,7 +195,8 @@ def test_wan_served_video_matches_bf16_wanpipeline(wan_art):
     runner = ModelRunner.from_artifacts(art)
     params = runner.resolve(prompt=WAN_PROMPT, seed=42)
     video = runner.generate(params).video
-    pipe = WanPipeline.from_pretrained(str(ckpt), torch_dtype=torch.float32)  # exact maths, as above
+    pipe = WanPipeline.from_pretrained(str(ckpt), torch_dtype=torch.bfloat16)
+    pipe.vae.to(torch.float32)  # as wan2.1-tiny-bf16.dsl has it (and Wan 2.1's model card loads it)
     pipe.set_progress_bar_config(disable=True)
 
     def reference(negative_prompt: str | None) -> np.ndarray:
