@@ -178,7 +178,8 @@ def markdown(res: dict) -> str:
                         f"| encode {q['encode']} s, "
                         f"denoise {q['denoise_step_s']} s/step, decode {q['decode']} s |")
     lines = ["\n".join(rows), ""]
-    for key in ("peak_rss_ratio", "runtime_peak_rss_ratio", "runtime_sampled_peak_rss_ratio", "step_time_ratio"):
+    for key in ("peak_rss_ratio", "runtime_peak_rss_ratio", "runtime_sampled_peak_rss_ratio", "step_time_ratio",
+                "runtime_step_time_ratio"):
         if key in res:
             lines.append(f"- {key}: {res[key]}")
     if "cos" in res.get("pipeline", {}):
@@ -236,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
         rt, pl = res.get("runtime", {}), res["pipeline"]
         if "model_process_vm_hwm_gib" in rt:  # each side's peak measured the same way: VmHWM, and sampled
             res["runtime_peak_rss_ratio"] = round(rt["model_process_vm_hwm_gib"] / pl["peak_rss_gib"], 3)
+        if "request" in rt:  # served request vs WanPipeline: each side's denoise time / steps
+            res["runtime_step_time_ratio"] = round(rt["request"]["denoise_step_s"]
+                                                   / pl["request"]["denoise_step_s"], 3)
         if "model_process_peak_rss_gib" in rt and "sampled_peak_rss_gib" in pl:
             res["runtime_sampled_peak_rss_ratio"] = round(rt["model_process_peak_rss_gib"]
                                                           / pl["sampled_peak_rss_gib"], 3)
