@@ -71,8 +71,9 @@ def _child(rank: int, world: int, init_method: str, fn, args, queue, threads: in
 
 def run_ranks(fn, world: int, *args, timeout: float = 120.0, threads: int = 1) -> list:
     """Call `fn(rank, world, *args)` on `world` gloo ranks; return their results in rank order.
-    A group that fails to form (gloo's loopback mesh connect is known to flake under load,
-    pytorch/pytorch#53270) before any rank reported is started again once with a fresh store."""
+    A group that fails to form on any rank (gloo's loopback mesh connect is known to flake under
+    load, pytorch/pytorch#53270; the other ranks may already have run `fn` alone and reported) is
+    started again once, all ranks, with a fresh store: `fn` must be safe to run again."""
     try:
         return _attempt(fn, world, args, timeout, threads)
     except _NotFormed:
@@ -80,7 +81,7 @@ def run_ranks(fn, world: int, *args, timeout: float = 120.0, threads: int = 1) -
 
 
 class _NotFormed(Exception):
-    """The process group did not form; no rank ran `fn`."""
+    """The process group did not form on some rank; the attempt's results are discarded."""
 
 
 def _attempt(fn, world: int, args: tuple, timeout: float, threads: int, last: bool = False) -> list:
@@ -104,7 +105,7 @@ def _attempt(fn, world: int, args: tuple, timeout: float, threads: int, last: bo
                                 f"{timeout:.0f}s; exit codes {[p.exitcode for p in procs]}") from exc
             if ok:
                 results[rank] = torch.load(io.BytesIO(payload), weights_only=False)
-            elif stage == "init" and not last and not results:
+            elif stage == "init" and not last:
                 raise _NotFormed(payload)
             else:
                 errors.append(f"rank {rank}:\n{payload}")
