@@ -18,9 +18,11 @@ largest sum over the tree, codegen's compile workers included):
   floor     WanPipeline again with SDPA's math kernel instead of the fused one: how far two valid
             bf16 evaluations of this random-weight model drift apart (the end-to-end PSNR's floor)
 Reports JSON (bench/results/real_size.json) and a markdown table (bench/results/real_size.md):
-cold/warm seconds and peak RSS per stage, `peak_rss_ratio` (Difflet's model process / WanPipeline's
-process), `step_time_ratio` (Difflet / WanPipeline, median denoising step), per-program cos, and
-PSNR per frame end to end (and the floor's).
+cold/warm seconds and peak RSS per stage; Difflet / WanPipeline ratios, each only when both its
+stages ran in this invocation: `peak_rss_ratio` and `step_time_ratio` (the serve stage's runner,
+median denoising step), `runtime_peak_rss_ratio` / `runtime_sampled_peak_rss_ratio` /
+`runtime_step_time_ratio` (difflet-runtime's model process: VmHWM / sampled peak, denoise s/step);
+per-program cos, and PSNR per frame end to end (and the floor's).
 
     python bench/real_size.py --checkpoint /data/wan2.1-1.3b-random [--work DIR]
         [--height 240 --width 416 --frames 17 --steps 4] [--stages lower,codegen,serve,runtime,pipeline,floor]
@@ -147,6 +149,10 @@ def compare(work: Path) -> dict:
     return res
 
 
+RATIO_KEYS = ("peak_rss_ratio", "step_time_ratio", "runtime_peak_rss_ratio", "runtime_sampled_peak_rss_ratio",
+              "runtime_step_time_ratio")
+
+
 def markdown(res: dict) -> str:
     rows = ["| stage | seconds | peak RSS GiB | notes |", "|---|---:|---:|---|"]
     if "lower" in res:
@@ -178,8 +184,7 @@ def markdown(res: dict) -> str:
                         f"| encode {q['encode']} s, "
                         f"denoise {q['denoise_step_s']} s/step, decode {q['decode']} s |")
     lines = ["\n".join(rows), ""]
-    for key in ("peak_rss_ratio", "runtime_peak_rss_ratio", "runtime_sampled_peak_rss_ratio", "step_time_ratio",
-                "runtime_step_time_ratio"):
+    for key in RATIO_KEYS:
         if key in res:
             lines.append(f"- {key}: {res[key]}")
     if "cos" in res.get("pipeline", {}):
@@ -194,6 +199,27 @@ def markdown(res: dict) -> str:
         if "floor_psnr_per_frame_db" in e2e:
             lines.append(f"- PSNR per frame, WanPipeline (math SDPA) vs WanPipeline (dB): {e2e['floor_psnr_per_frame_db']}")
     return "\n".join(lines) + "\n"
+
+
+def _ratios(res: dict, ran: set[str]) -> None:
+    """Difflet / WanPipeline ratios, each only from stages of this invocation (one run, one machine
+    state); a ratio whose stages did not both run now is dropped rather than mixed across runs."""
+    for key in RATIO_KEYS:
+        res.pop(key, None)
+    if "pipeline" not in ran:
+        return
+    pl = res["pipeline"]
+    if "serve" in ran:
+        sv = res["serve"]
+        res["peak_rss_ratio"] = round(sv["peak_rss_gib"] / pl["peak_rss_gib"], 3)
+        res["step_time_ratio"] = round(statistics.median(sv["request"]["steps_s"])
+                                       / statistics.median(pl["request"]["steps_s"]), 3)
+    if "runtime" in ran:  # the served request: each side's peak measured the same two ways
+        rt = res["runtime"]
+        res["runtime_peak_rss_ratio"] = round(rt["model_process_vm_hwm_gib"] / pl["peak_rss_gib"], 3)
+        res["runtime_sampled_peak_rss_ratio"] = round(rt["model_process_peak_rss_gib"]
+                                                      / pl["sampled_peak_rss_gib"], 3)
+        res["runtime_step_time_ratio"] = round(rt["request"]["denoise_step_s"] / pl["request"]["denoise_step_s"], 3)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -230,24 +256,12 @@ def main(argv: list[str] | None = None) -> int:
             else _child(args, stage)
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(res, indent=2))
-    if "serve" in res and "pipeline" in res:
-        res["peak_rss_ratio"] = round(res["serve"]["peak_rss_gib"] / res["pipeline"]["peak_rss_gib"], 3)
-        res["step_time_ratio"] = round(statistics.median(res["serve"]["request"]["steps_s"])
-                                       / statistics.median(res["pipeline"]["request"]["steps_s"]), 3)
-        rt, pl = res.get("runtime", {}), res["pipeline"]
-        if "model_process_vm_hwm_gib" in rt:  # each side's peak measured the same way: VmHWM, and sampled
-            res["runtime_peak_rss_ratio"] = round(rt["model_process_vm_hwm_gib"] / pl["peak_rss_gib"], 3)
-        if "request" in rt:  # served request vs WanPipeline: each side's denoise time / steps
-            res["runtime_step_time_ratio"] = round(rt["request"]["denoise_step_s"]
-                                                   / pl["request"]["denoise_step_s"], 3)
-        if "model_process_peak_rss_gib" in rt and "sampled_peak_rss_gib" in pl:
-            res["runtime_sampled_peak_rss_ratio"] = round(rt["model_process_peak_rss_gib"]
-                                                          / pl["sampled_peak_rss_gib"], 3)
-        if (args.work / "pipeline_video.npy").is_file():
-            prev, res["end_to_end"] = res.get("end_to_end", {}), compare(args.work)
-            # the floor is WanPipeline against itself: an earlier floor stage's figures stay valid
-            res["end_to_end"].update({k: v for k, v in prev.items() if k.startswith("floor_")
-                                      and k not in res["end_to_end"]})
+    _ratios(res, set(stages))
+    if "serve" in res and "pipeline" in res and (args.work / "pipeline_video.npy").is_file():
+        prev, res["end_to_end"] = res.get("end_to_end", {}), compare(args.work)
+        # the floor is WanPipeline against itself: an earlier floor stage's figures stay valid
+        res["end_to_end"].update({k: v for k, v in prev.items() if k.startswith("floor_")
+                                  and k not in res["end_to_end"]})
     args.json.write_text(json.dumps(res, indent=2))
     md = markdown(res)
     args.json.with_suffix(".md").write_text(md)

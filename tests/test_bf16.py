@@ -7,7 +7,7 @@ emulate_precision_casts (difflet/codegen/inductor.py), so a fused kernel rounds 
 eager rounds an op's output: the transformer programs are then eager's computation (measured bit
 equal on this machine, cos 1.0), held to cos >= 0.99999; without the flag they were at 0.99985 from
 eager (closer to the fp32 maths, further from what diffusers serves), and at real size that drift
-compounded over 50 steps to 24-26 dB from WanPipeline (README, Real size).
+compounded over 4 steps at CFG 5 to 24-26 dB from WanPipeline (README, Real size).
 
 Served output is held to the bf16 pipeline with the bound BF16_MIN_PSNR / BF16_MAX_DIFF: it still
 differs from it where the text encoders and VAE programs do (cos >= 0.9999, not bit equal).
