@@ -223,10 +223,11 @@ def test_front_blocks_is_planned_keyed_and_refused_where_not_built():
 
 
 @pytest.mark.slow
-def test_block_mode_on_a_tp2_layout(tmp_path_factory):
-    """flux-tiny4 at tp2 cut after its first block: one group of rank workers runs both parts
+def test_block_mode_on_a_tp2_layout(flux_arts, tmp_path_factory):
+    """flux-tiny at tp2 cut after its first block: one group of rank workers runs both parts
     (each rank loads its one weights file once) and equals the unsplit tp1 denoiser; a block-mode
-    request on it skips exactly what the tp1 block artifact skips.
+    request on it skips exactly what the tp1 block artifact skips (flux_arts: the same checkpoint's
+    tp1 cut and unsplit artifacts, so only the tp2 parts compile here).
 
     Tolerance: TP reorders the row-parallel sums (fp32), 1e-4 as tests/test_split_flux.py."""
     from conftest import REPO
@@ -237,13 +238,11 @@ def test_block_mode_on_a_tp2_layout(tmp_path_factory):
     from difflet.runtime.runner import ModelRunner
     from oracle_util import compile_art, random_checkpoint
 
-    dsl = lower_file(str(REPO / "models" / "flux-tiny4.dsl"))
-    whole = optimize(dsl, parallel="tp1", target="cpu", backend="inductor")
-    ckpt = random_checkpoint(whole)
+    dsl = lower_file(str(REPO / "models" / "flux-tiny.dsl"))
+    ckpt = random_checkpoint(optimize(dsl, parallel="tp1", target="cpu", backend="inductor"))
     cut = compile_art(optimize(dsl, parallel="tp2", target="cpu", backend="inductor", front_blocks=1), ckpt,
-                      tmp_path_factory.mktemp("flux4-tp2-cut"))
-    cut1 = compile_art(optimize(dsl, parallel="tp1", target="cpu", backend="inductor", front_blocks=1), ckpt,
-                       tmp_path_factory.mktemp("flux4-tp1-cut"))
+                      tmp_path_factory.mktemp("flux-tp2-cut"))
+    cut1, whole = flux_arts
     art = load_artifacts(cut)
     try:
         entry = art.manifest.components["transformer"]
@@ -251,8 +250,7 @@ def test_block_mode_on_a_tp2_layout(tmp_path_factory):
         assert entry.parts[0].ranks[1].weights == entry.parts[1].ranks[1].weights  # one file per rank
         node = art.module.component("transformer")
         x = example_inputs(node)
-        want = load_artifacts(compile_art(whole, ckpt, tmp_path_factory.mktemp("flux4-whole"))).programs[
-            "transformer"](*x)
+        want = load_artifacts(whole).programs["transformer"](*x)
         for got, ref in zip(art.programs["transformer"](*x), want, strict=True):
             assert (got - ref).abs().max().item() <= 1e-4
     finally:
