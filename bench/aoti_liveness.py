@@ -36,13 +36,15 @@ def replay(lines: list[str], prefix: str = "") -> dict:
     An extern op's output is sized as float32 (what the wrapper asserts carries no dtype)."""
     arrays = {m.group(1): _ints(m.group(2)) for line in lines for m in [_ARRAY.search(line)] if m}
     empty, extern = re.compile(_EMPTY.format(p=re.escape(prefix))), re.compile(_EXTERN.format(p=re.escape(prefix)))
-    freed = re.compile(r"(" + re.escape(prefix) + r"buf\w+)\.reset\(\)")
+    freed = re.compile(r"\b(" + re.escape(prefix) + r"buf\w+)\.reset\(\)")  # \b: not a branch's buf
     live: dict[str, tuple[int, int]] = {}
     out = {"peak": 0, "peak_line": 0, "at_peak": {}, "end": 0, "unsized": []}
     cur = 0
     for i, line in enumerate(lines):
         name, size = None, None
         if m := empty.search(line):
+            if m.group(2) not in DTYPE_BYTES:
+                raise SystemExit(f"error: wrapper line {i + 1}: dtype {m.group(2)!r} has no size in DTYPE_BYTES")
             name, size = m.group(3), math.prod(arrays[m.group(1)]) * DTYPE_BYTES[m.group(2)]
         elif m := extern.search(line):
             name = m.group(1)
@@ -68,11 +70,14 @@ def wrapper_lines(package: str) -> list[str]:
     if package.endswith(".cpp"):
         with open(package) as f:
             return f.read().splitlines()
-    with zipfile.ZipFile(package) as z:
-        names = [n for n in z.namelist() if n.endswith(".wrapper.cpp")]
-        if len(names) != 1:
-            raise SystemExit(f"error: {package}: expected one *.wrapper.cpp in the package, found {len(names)}")
-        return z.read(names[0]).decode().splitlines()
+    try:
+        with zipfile.ZipFile(package) as z:
+            names = [n for n in z.namelist() if n.endswith(".wrapper.cpp")]
+            if len(names) != 1:
+                raise SystemExit(f"error: {package}: expected one *.wrapper.cpp in the package, found {len(names)}")
+            return z.read(names[0]).decode().splitlines()
+    except (OSError, zipfile.BadZipFile) as err:
+        raise SystemExit(f"error: {package}: not a readable .pt2 package ({err})") from None
 
 
 def main(argv: list[str] | None = None) -> int:

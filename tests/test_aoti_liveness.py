@@ -42,6 +42,25 @@ def test_replay_counts_allocations_frees_and_extern_outputs_of_one_branch():
     assert res["end"] == conv and res["unsized"] == []  # the other branch's buffer is not counted
 
 
+def test_the_top_level_graph_counts_no_branch_buffer():
+    """prefix "": only buffers named buf* at the top level; a branch's `false_graph_0_buf180.reset()`
+    must not free a top-level buf180."""
+    top = ["        static constexpr int64_t int_array_9[] = {4L, 4L};",
+           "        AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(2, int_array_9, int_array_9, "
+           "cached_torch_dtype_float32, cached_torch_device_type_cpu, this->device_idx_, &buf180_handle));"]
+    res = _tool().replay(top + WRAPPER.splitlines(), "")
+    assert res["peak"] == res["end"] == 4 * 4 * 4 and set(res["at_peak"]) == {"buf180"}
+
+
+def test_an_unreadable_package_is_a_clear_error(tmp_path, capsys):
+    import pytest
+
+    bad = tmp_path / "vae.rank0.pt2"
+    bad.write_text("not a zip")
+    with pytest.raises(SystemExit, match=f"error: {bad}: not a readable .pt2 package"):
+        _tool().main([str(bad)])
+
+
 def test_an_extern_output_without_a_stated_size_is_reported_not_guessed():
     lines = [l for l in WRAPPER.splitlines() if "assert_size_stride" not in l]
     res = _tool().replay(lines, "false_graph_0_")
