@@ -153,17 +153,22 @@ class DiffletPipeline:
 
     @with_arguments
     def __call__(self, prompt: str | list[str], negative_prompt: str | None = None, *,
-                 image: Any = None, mask_image: Any = None,
+                 image: Any = None, mask_image: Any = None, last_image: Any = None,
                  generator: Any = None, seed: int | None = None, num_images_per_prompt: int = 1,
                  output_type: str = "pil", callback: Callable[[int, int, bool], Any] | None = None,
                  **arguments: Any) -> DiffletPipelineOutput:
         """Generate for each prompt and image; `generator` (a torch.Generator) gives its seed.
         `callback(step, total_steps, cached)` runs after every denoising step. `image` (a PIL
-        image, an image file's bytes, or a list of them) and `mask_image` are an image-input
-        model's inputs, resized as the reference pipeline does. `arguments` are the request's
+        image, an image file's bytes, or a list of them), `mask_image` and `last_image` (a
+        first-last-frame model's last frame, as WanImageToVideoPipeline takes it) are an
+        image-input model's inputs, resized as the reference pipeline does. `arguments` are the request's
         other fields by their diffusers names (num_inference_steps, guidance_scale, strength,
         height, width, num_frames, cache, ...; None = the profile's)."""
         fields = from_arguments(arguments, "__call__")
+        if last_image is not None:  # the request's second image
+            if image is None or isinstance(image, (list, tuple)):
+                raise DiffletError("last_image: give the first frame as one `image` beside it", where="last_image")
+            image = [image, last_image]
         fields.update(image=image, mask_image=mask_image)
         if fields.get("lora") is None and self._lora:
             fields["lora"] = self._lora  # set_adapters / load_lora_weights

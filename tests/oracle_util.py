@@ -48,6 +48,30 @@ def assert_images_close(got: np.ndarray, ref: np.ndarray, what: str = "image") -
     assert images_close(got, ref), f"{what}: {describe_match(got, ref)}"
 
 
+def png(array: np.ndarray) -> bytes:
+    """An image array as the PNG file bytes a client sends."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(array).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def wan_i2v_pipeline(ckpt):
+    """diffusers' WanImageToVideoPipeline from `ckpt`, progress bars off. diffusers 0.42's I2V
+    basic_clean calls ftfy even when it is not installed (NameError); WanPipeline's, the same
+    cleaning with ftfy skipped when absent, is what Difflet matches, so it is swapped in."""
+    from diffusers import WanImageToVideoPipeline
+    from diffusers.pipelines.wan import pipeline_wan, pipeline_wan_i2v
+
+    pipeline_wan_i2v.prompt_clean = pipeline_wan.prompt_clean
+    pipe = WanImageToVideoPipeline.from_pretrained(str(ckpt))
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
 def planned_tiny(dsl: Path | str, shapes: list[str] | None = None):
     """A tiny description lowered (at `shapes`, shape buckets, when given) and optimized as the
     tests serve it (tp1, cpu, inductor)."""

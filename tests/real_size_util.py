@@ -17,7 +17,7 @@ REAL_SIZE = ("flux", "flux-schnell", "qwen-image", "wan2.1", "hunyuan-video", "l
 # image-input profiles (issue 29) -> their base description (test_check_image_inputs_real_size.py)
 IMAGE_INPUT = {"flux-img2img": "flux", "flux-inpaint": "flux", "qwen-image-img2img": "qwen-image",
                "qwen-image-inpaint": "qwen-image", "wan2.1-i2v": "wan2.1", "flux-kontext": "flux",
-               "ltx2-i2v": "ltx2"}
+               "ltx2-i2v": "ltx2", "wan2.2-ti2v-5b-i2v": "wan2.2-ti2v-5b", "wan2.1-flf2v": "wan2.1-i2v"}
 # current generations (issue 30) built from a base description's classes and configs -> that base
 GENERATIONS = {"wan2.2-a14b": "wan2.1", "wan2.2-ti2v-5b": "wan2.1", "wan2.2-i2v-a14b": "wan2.2-a14b"}
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from difflet.ir.nodes import Op
 from real_size_util import IMAGE_INPUT, check_components, lowering
 
 
@@ -75,3 +76,40 @@ def test_ltx2_image_to_video_adds_a_vae_encoder_and_a_per_token_timestep_which_p
     assert sorted(set(c.name for c in module.components()) - set(same)) == new
     assert all(module.component(n).attrs.get(k) == base.component(n).attrs.get(k) for n in same for k in keys)
     check_components(module, ir, new)
+
+
+@pytest.mark.slow
+def test_wan22_ti2v_image_to_video_adds_a_vae_encoder_and_a_per_token_timestep_which_pass(lowered):
+    """wan2.2-ti2v-5b-i2v is wan2.2-ti2v-5b (its UMT5 and VAE decoder unchanged, checked there)
+    with the residual VAE's encoder program for the image alone and a transformer taking t per
+    token ([1, 27280] float32, the pipeline's mask x t; the per-token modulation path): the two
+    programs are checked."""
+    base, _ = lowered(IMAGE_INPUT["wan2.2-ti2v-5b-i2v"])
+    module, ir = lowered("wan2.2-ti2v-5b-i2v")
+    keys = ("class", "config", "dtype", "entry")
+    new = ["transformer", "vae_encoder"]
+    same = [c.name for c in base.components() if c.name != "transformer"]
+    assert sorted(set(c.name for c in module.components()) - set(same)) == new
+    assert all(module.component(n).attrs.get(k) == base.component(n).attrs.get(k) for n in same for k in keys)
+    assert all(module.component("transformer").attrs.get(k) == base.component("transformer").attrs.get(k)
+               for k in keys)  # only its timestep's shape differs
+    (t,) = module.component("transformer").find(Op.INPUT, "timestep")
+    assert list(t.results[0].type.shape) == [1, 31 * 22 * 40] and t.results[0].type.dtype == "float32"
+    check_components(module, ir, new)
+
+
+@pytest.mark.slow
+def test_wan_first_last_frame_adds_a_two_image_clip_batch_and_the_image_position_embedding(lowered):
+    """wan2.1-flf2v is wan2.1-i2v (its UMT5, VAE encoder and decoder unchanged, checked there) at
+    720x1280 with CLIP reading two images as one batch and the FLF2V transformer (pos_embed_seq_len
+    514: the two images' 257 tokens viewed as one sequence): those two programs are checked."""
+    base, _ = lowered(IMAGE_INPUT["wan2.1-flf2v"])
+    module, ir = lowered("wan2.1-flf2v")
+    keys = ("class", "config", "dtype", "entry")
+    same = ["text_encoder", "vae_encoder", "vae"]
+    assert all(module.component(n).attrs.get(k) == base.component(n).attrs.get(k) for n in same for k in keys)
+    ours, theirs = dict(module.component("transformer").attrs["config"]), dict(base.component("transformer").attrs["config"])
+    assert ours.pop("pos_embed_seq_len") == 514 and ours == theirs
+    (pixels,) = module.component("image_encoder").find(Op.INPUT)
+    assert list(pixels.results[0].type.shape) == [2, 3, 224, 224]
+    check_components(module, ir, ["image_encoder", "transformer"])

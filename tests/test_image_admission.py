@@ -23,6 +23,7 @@ from difflet.runtime.validate import resolve_request
 TEXT_ONLY = {"height": 32, "width": 32, "steps": 4, "guidance": 3.5}
 IMG2IMG = {**TEXT_ONLY, "images": 1, "strength": 0.6}
 INPAINT = {**IMG2IMG, "mask": True}
+FLF2V = {**TEXT_ONLY, "images": 2, "last_image": True}  # wan2.1-flf2v's: the first and the last frame
 LIMITS = ImageLimits(max_bytes=1 << 20, max_pixels=512 * 512)
 
 
@@ -81,6 +82,15 @@ def test_an_image_profile_takes_its_image_count_and_resolves_strength():
     assert resolve_request(IMG2IMG, image_limits=LIMITS, prompt="p", image=png, strength=1).strength == 1.0
     err = refused(IMG2IMG, image=png, strength=1e-300)
     assert err.where == "strength" and "leaves no step" in err.message
+
+
+def test_a_first_last_frame_profile_needs_both_images():
+    png = encoded(RGBA)
+    err = refused(FLF2V, image=png)
+    assert err.where == "image" and "1 of 2 images" in err.message and "last frame" in err.message
+    assert "at most 2" in refused(FLF2V, image=[png, png, png]).message
+    request = resolve_request(FLF2V, image_limits=LIMITS, prompt="p", image=[png, png])
+    assert len(request.image) == 2 and request.strength is None
 
 
 def test_the_image_is_fitted_to_the_requests_shape_bucket():
@@ -149,7 +159,7 @@ def test_bounds_are_checked_before_decoding():
 
 
 def test_warm_up_inputs_pass_admission_for_each_profile():
-    for profile in (TEXT_ONLY, IMG2IMG, INPAINT):
+    for profile in (TEXT_ONLY, IMG2IMG, INPAINT, FLF2V):
         resolve_request(profile, image_limits=LIMITS, prompt="p", **warm_up_inputs(profile, 32, 32))
 
 

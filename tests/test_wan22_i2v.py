@@ -18,7 +18,8 @@ import torch
 from PIL import Image
 
 from conftest import REPO
-from oracle_util import assert_images_close, compile_art, describe_match, planned_tiny, random_checkpoint
+from oracle_util import (assert_images_close, compile_art, describe_match, planned_tiny, png, random_checkpoint,
+                         wan_i2v_pipeline)
 
 # the variant's served oracles share one module fixture that compiles the family's tiny programs
 # (~1-2.5 min of a worker): the full tier (CI) runs them, the quick tier stays under 10 minutes
@@ -31,12 +32,6 @@ _y, _x = np.mgrid[0:SIZE, 0:SIZE]
 IMAGE = np.stack([_x * 8, _y * 7, (_x * _y) % 256], -1).astype(np.uint8)
 
 
-def png(array: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(array).save(buf, "PNG")
-    return buf.getvalue()
-
-
 @pytest.fixture(scope="module")
 def art(tmp_path_factory):
     module = planned_tiny(REPO / "models" / "wan2.2-tiny-i2v.dsl")
@@ -46,15 +41,9 @@ def art(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference_pipe(art):
-    from diffusers import WanImageToVideoPipeline
-    from diffusers.pipelines.wan import pipeline_wan, pipeline_wan_i2v
-
-    # diffusers 0.42's I2V basic_clean calls ftfy even when it is not installed (tests/test_wan_i2v.py)
-    pipeline_wan_i2v.prompt_clean = pipeline_wan.prompt_clean
-    pipe = WanImageToVideoPipeline.from_pretrained(str(art[1]))  # model_index.json: boundary_ratio, transformer_2
+    pipe = wan_i2v_pipeline(art[1])  # model_index.json: boundary_ratio, transformer_2
     assert pipe.transformer_2 is not None and pipe.image_encoder is None
     assert pipe.config.boundary_ratio == BOUNDARY and pipe.transformer.config.image_dim is None
-    pipe.set_progress_bar_config(disable=True)
     return pipe
 
 

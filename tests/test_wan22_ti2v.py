@@ -103,23 +103,3 @@ def test_the_checkpoint_states_expand_timesteps_and_gets_the_ti2v_description(ar
     assert description_for(str(art[1])).name == "wan2.2-ti2v-5b.dsl"
     one = random_checkpoint(planned_tiny(REPO / "models" / "wan2.1-tiny.dsl"))
     assert "expand_timesteps" not in json.loads((one / "model_index.json").read_text())
-
-
-def test_image_conditioning_with_expand_timesteps_is_refused():
-    """The per-token t that image conditioning needs is not built: wan.denoise says so, at the step,
-    before any program runs."""
-    from types import SimpleNamespace
-
-    from difflet.errors import DiffletError
-    from difflet.families.facts import find_step
-    from difflet.families.wan.host import denoise
-    from difflet.frontend.lower import lower_text
-
-    cfg = 'guidance: { mode: "cfg", scale: guidance }\n'
-    text = (REPO / "models" / "wan2.1-tiny-i2v.dsl").read_text()
-    assert cfg in text
-    module = lower_text(text.replace(cfg, cfg + "        expand_timesteps: true\n"), "ti2v-i2v.dsl")
-    step = find_step(module, "wan.denoise")
-    with pytest.raises(DiffletError) as err:
-        denoise(None, step, SimpleNamespace(values={"condition": torch.zeros(1)}))
-    assert "per-token timestep" in err.value.message and err.value.where == step.loc

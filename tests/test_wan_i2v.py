@@ -25,7 +25,7 @@ from conftest import REPO
 from difflet.runtime import client as grpc_client
 from difflet.runtime.demo import stop_server
 from http_util import call_json, start_http_server
-from oracle_util import Counted, assert_images_close, compile_art, planned_tiny, random_checkpoint
+from oracle_util import Counted, assert_images_close, compile_art, planned_tiny, random_checkpoint, wan_i2v_pipeline
 
 # the variant's served oracles share one module fixture that compiles the family's tiny programs
 # (~1-2.5 min of a worker): the full tier (CI) runs them, the quick tier stays under 10 minutes
@@ -59,15 +59,9 @@ def art(tmp_path_factory):
 
 def reference(ckpt, image: bytes = INPUT, calls: list | None = None) -> np.ndarray:
     """WanImageToVideoPipeline's uint8 frames [F, H, W, 3] (load_image input, as its docs call it)."""
-    from diffusers import WanImageToVideoPipeline
-    from diffusers.pipelines.wan import pipeline_wan, pipeline_wan_i2v
     from diffusers.utils import load_image
 
-    # diffusers 0.42's I2V basic_clean calls ftfy even when it is not installed (NameError);
-    # WanPipeline's, the same cleaning with ftfy skipped when absent, is what Difflet matches
-    pipeline_wan_i2v.prompt_clean = pipeline_wan.prompt_clean
-    pipe = WanImageToVideoPipeline.from_pretrained(str(ckpt))
-    pipe.set_progress_bar_config(disable=True)
+    pipe = wan_i2v_pipeline(ckpt)
     if calls is not None:
         pipe.transformer.register_forward_hook(lambda *_: calls.append(1))
     frames = pipe(image=load_image(Image.open(io.BytesIO(image))), prompt=PROMPT, height=SIZE, width=SIZE,

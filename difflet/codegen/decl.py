@@ -33,7 +33,10 @@ class SplitDecl:
     then with SP its TP chunk of that); stream_exits: module path -> token dim of its output, this
     rank's shard, gathered back to every token (TP with SP, then CP); cp_tables: module path ->
     token dim of its per-visual-token output tables read inside attention after the SP gather
-    (RoPE), cut to this rank's CP chunk.
+    (RoPE), cut to this rank's CP chunk; stream_inputs: IR input name -> its token dim, one value
+    per visual token cut as the stream is (CP chunk, then SP's TP chunk) when the input has that
+    dim (Wan 2.2 TI2V's t per token [B, S]), left whole when not (the one t [B]), as diffusers'
+    `_cp_plan` entries with `expected_dims` do.
 
     A class with a second token stream that CP leaves replicated (LTX-2's audio) declares:
     sp_outputs: IR output name -> token dim of that stream's output (with SP this rank's TP token
@@ -49,6 +52,7 @@ class SplitDecl:
     stream_entries: Mapping[str, int] = field(default_factory=dict)
     stream_exits: Mapping[str, int] = field(default_factory=dict)
     cp_tables: Mapping[str, int] = field(default_factory=dict)
+    stream_inputs: Mapping[str, int] = field(default_factory=dict)
     sp_inputs: Mapping[str, int] = field(default_factory=dict)
     sp_outputs: Mapping[str, int] = field(default_factory=dict)
     head_tables: Mapping[str, int] = field(default_factory=dict)

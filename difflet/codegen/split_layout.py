@@ -235,6 +235,7 @@ class RankProgramModule(ProgramModule):
         self.tp_group, self.cp_group = _group(groups, "tp", tp), _group(groups, "cp", cp)
         self.cp, self.cp_index = cp, groups.index("cp") if cp > 1 else 0
         self.visual_in = [facts.visual_inputs.get(v.name) for v in program_inputs(node)]
+        self.stream_in = [facts.stream_inputs.get(v.name) for v in program_inputs(node)]
         self.visual_out = [facts.visual_outputs.get(n.name) for n in node.find(Op.OUTPUT)]
         self.sp_out = [facts.sp_outputs.get(n.name) for n in node.find(Op.OUTPUT)]
         wrap = declaration(node.attrs["class"]).wrapper
@@ -248,6 +249,9 @@ class RankProgramModule(ProgramModule):
 
         inputs = tuple(x if d is None or self.cp == 1 else shard(x, d, self.cp_index, self.cp)
                        for x, d in zip(inputs, self.visual_in))
+        sp_group = self.tp_group if self.sp else None  # a per-token input: cut as the stream is
+        inputs = tuple(x if d is None or x.ndim <= d else _cut(_cut(x, d, self.cp_group), d, sp_group)
+                       for x, d in zip(inputs, self.stream_in))
         outs = super().forward(*inputs) if self.adapter is None else self.adapter(*inputs)
         gathered = []
         for y, d, s in zip(outs, self.visual_out, self.sp_out):

@@ -7,7 +7,8 @@ Invariants:
   strength; a profile without one takes none), `image_width`/`image_height` (the image compiled at
   its own size, which the reference pipeline must give it; `width`/`height` there: at the output
   size, so a request without a size takes its image's; else it is fitted to the output size),
-  `image_original = true` (the unresized image too, for a pipeline that also reads it).
+  `image_original = true` (the unresized image too, for a pipeline that also reads it),
+  `last_image = true` (first and last frame: exactly `images` = 2, the second the clip's last).
 - Every image is decoded once, bounded before decoding (runtime/images.py); every rejection is a
   DiffletError whose `where` is the field (`image`, `image[i]`, `mask_image`, `strength`).
 """
@@ -54,6 +55,10 @@ def resolve_media(profile: Mapping[str, Any], request: Request, image: Any, mask
         raise _fail("image", f"this model needs an input image ({_mode(profile)}); none was given")
     if len(images) > most:
         raise _fail("image", f"{len(images)} images given; this model takes at most {most}")
+    if profile.get("last_image", False) and len(images) != most:
+        raise _fail("image", f"{len(images)} of {most} images given: this model needs the first and the "
+                             f"last frame (HTTP: input_reference and last_image; Python: image= and "
+                             f"last_image=; gRPC and the CLI: two images, in that order)")
     if mask_image is not None and not needs_mask:
         raise _fail("mask_image", "this model takes no mask (only an inpainting profile does)")
     if needs_mask and mask_image is None:

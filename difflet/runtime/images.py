@@ -137,7 +137,8 @@ def compiled_image_size(profile, width: int, height: int) -> tuple[int, int] | N
 
 def warm_up_inputs(profile, width: int, height: int) -> dict[str, Any]:
     """A warm-up request's image fields for an image-input profile (none for a text-only one):
-    a gradient image, and a mask repainting its left half."""
+    a gradient image (and its mirror as the last frame of a `last_image` profile), and a mask
+    repainting its left half."""
     from PIL import Image
 
     if not int(profile.get("images", 0) or 0):
@@ -147,6 +148,8 @@ def warm_up_inputs(profile, width: int, height: int) -> dict[str, Any]:
     image = Image.merge("RGB", (ramp, ramp.transpose(Image.Transpose.ROTATE_90).resize((width, height)),
                                 Image.new("L", (width, height), 96)))
     out: dict[str, Any] = {"image": image}
+    if profile.get("last_image", False):
+        out["image"] = [image, image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)]
     if profile.get("mask", False):
         mask = Image.new("L", (width, height), 0)
         mask.paste(255, (0, 0, max(1, width // 2), height))

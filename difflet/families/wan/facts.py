@@ -84,8 +84,15 @@ def description(ckpt: Path) -> str:
 
 def i2v_description(ckpt: Path) -> str:
     """A WanImageToVideoPipeline checkpoint: wan2.2-i2v-a14b when it lists a low-noise expert
-    (Wan2.2-I2V-A14B-Diffusers), else wan2.1-i2v (Wan2.1-I2V-14B-*-Diffusers)."""
-    return "wan2.2-i2v-a14b" if description(ckpt) == "wan2.2-a14b" else "wan2.1-i2v"
+    (Wan2.2-I2V-A14B-Diffusers), wan2.2-ti2v-5b-i2v when it states expand_timesteps (TI2V-5B's
+    image to video), wan2.1-flf2v when its transformer embeds two images' positions
+    (`pos_embed_seq_len`: Wan2.1-FLF2V-14B-720P-Diffusers), else wan2.1-i2v (Wan2.1-I2V-14B-*)."""
+    base = description(ckpt)
+    if base != "wan2.1":
+        return {"wan2.2-a14b": "wan2.2-i2v-a14b", "wan2.2-ti2v-5b": "wan2.2-ti2v-5b-i2v"}[base]
+    config = Path(ckpt) / "transformer" / "config.json"
+    two = config.is_file() and json.loads(config.read_text()).get("pos_embed_seq_len") is not None
+    return "wan2.1-flf2v" if two else "wan2.1-i2v"
 
 
 FACTS = FamilyFacts(

@@ -21,6 +21,11 @@ Invariants:
   mean (no draw, so the noise is the generator's only draw, as in the pipeline) normalized, after
   the pipeline's temporal-scale-channel first-frame mask. Every transformer call reads
   [latents | mask | condition] and the image embeddings; the noise has the output's channels.
+  First-last-frame (the profile's `last_image`, FLF2V): CLIP reads both images as one batch, the
+  clip ends with the last image, and the mask is 1 on its last frame too.
+- Image-to-video with `expand_timesteps` (Wan 2.2 TI2V-5B, the wan.denoise attr, as the pipeline's
+  config switches both): the VAE encodes the image alone; its normalized mean replaces latent
+  frame 0 before every transformer call and after the last step, and t is per token (0 on frame 0's).
 """
 from __future__ import annotations
 
@@ -30,20 +35,14 @@ import torch
 from difflet.errors import DiffletError
 from difflet.ir.nodes import Node, Op
 from difflet.families.wan.facts import FACTS, FPS, prompt_clean  # shared with admission and the HTTP card
+from difflet.families.wan.image import first_frame_mask, with_first_frame  # registers wan.encode_image
+from difflet.families.wan.nodes import input_type, temporal_scale, transformer
 from difflet.runtime.host import host_step
 from difflet.runtime.host.cfg import is_cfg_parallel, predict_branches
-from difflet.runtime.host.image_inputs import generator, preprocess_image, sample_latents
+from difflet.runtime.host.image_inputs import generator
 from difflet.runtime.host.loop import cached_loop
-from difflet.runtime.images import to_pil
 from difflet.runtime.host.toolkit import class_config_value, guidance, make_scheduler
 from difflet.runtime.host.env import HostEnv, RequestState
-
-
-def _input_type(component: Node, name: str):
-    for node in component.find(Op.INPUT, name):
-        return node.results[0].type
-    raise DiffletError(f"component {component.name!r} has no input {name!r}", where=component.loc)
-
 
 
 def tokenize(env: HostEnv, component: Node, prompt: str) -> tuple[torch.Tensor, int]:
@@ -77,93 +76,22 @@ def encode_prompt(env: HostEnv, step: Node, state: RequestState) -> None:
         state.values["negative_prompt_embeds"] = encode(env, encoder, negative)
 
 
-def _transformer(env: HostEnv) -> Node:
-    """The (first) denoiser: Wan 2.2 A14B's two experts take and give the same shapes and dtypes,
-    and WanPipeline reads the first's config for them as well."""
-    denoisers = env.module.components("denoiser")
-    if len(denoisers) not in (1, 2):
-        raise DiffletError(f"wan needs one denoiser (two: Wan 2.2's experts), the module has {len(denoisers)}",
-                           where="schedule")
-    return denoisers[0]
-
-
 @host_step("wan.prepare_latents", phase="denoise")
 def prepare_latents(env: HostEnv, step: Node, state: RequestState) -> None:
     """Seeded noise [1, C, F_latent, h, w] from a CPU generator, float32 (the reference's draw)."""
     from diffusers.utils.torch_utils import randn_tensor
 
     frames = int(env.profile["frames"]) if "frames" in env.profile else None
-    scale = _temporal_scale(env)
+    scale = temporal_scale(env)
     if frames is None or frames < 1 or (frames - 1) % scale:
         raise DiffletError(f"frames: the profile's frame count must be {scale}k + 1 (Wan's VAE compresses "
                            f"time {scale}x after the first frame), got {frames}", where="frames")
-    shape = tuple(_transformer(env).find(Op.OUTPUT)[0].results[0].type.shape)  # noise: z_dim channels
+    shape = tuple(transformer(env).find(Op.OUTPUT)[0].results[0].type.shape)  # noise: z_dim channels
     if shape[2] != (frames - 1) // scale + 1:
         raise DiffletError(f"frames: {frames} frames need {(frames - 1) // scale + 1} latent frames, the "
                            f"transformer's hidden_states has {shape[2]}", where="frames")
     state.values["latents"] = randn_tensor(shape, generator=generator(state), device=torch.device("cpu"),
                                            dtype=torch.float32)
-
-
-def _image_processor(env: HostEnv):
-    """The checkpoint's CLIPImageProcessor (the artifact's host/ copy), loaded once per server."""
-    from difflet.families.wan.programs import IMAGE_PROCESSOR
-
-    def load():
-        from transformers import CLIPImageProcessor
-
-        path = env.host_dir / IMAGE_PROCESSOR
-        if not path.is_dir():
-            raise DiffletError("image processor directory missing from the artifacts", where=str(path))
-        return CLIPImageProcessor.from_pretrained(str(path))
-
-    return env.asset("image-processor", load)
-
-
-@host_step("wan.encode_image", phase="encode")
-def encode_image(env: HostEnv, step: Node, state: RequestState) -> None:
-    """WanImageToVideoPipeline's encode_image (CLIP hidden_states[-2]; only with a CLIP encoder,
-    `wan.encode_image(image_encoder, vae)`: Wan 2.1's transformer has image_dim, Wan 2.2 I2V's
-    none, `wan.encode_image(vae)`) and prepare_latents' condition: [mask (temporal-scale channels,
-    1 on frame 0) | normalized VAE mean of the clip image + zero frames], float32."""
-    *clip, vae_name = step.args
-    params, vae = state.params, env.component(vae_name)
-    if not params.image:
-        raise DiffletError("this image-to-video model needs an input image", where="image")
-    if clip:
-        # the pipeline hands CLIP's processor the image as given (the profile's image_original)
-        original = params.image_original[0] if params.image_original else params.image[0]
-        pixels = _image_processor(env)(images=to_pil(original), return_tensors="pt").pixel_values
-        clip_node = env.component(clip[0])
-        embeds = next(iter(env.invoke(clip[0], **{clip_node.find(Op.INPUT)[0].name: pixels}).values()))
-        state.values["image_embeds"] = embeds.to(getattr(torch, _input_type(_transformer(env), "hidden_states").dtype))
-    (x,) = vae.find(Op.INPUT)
-    _, _, frames, height, width = x.results[0].type.shape
-    z_dim, scale = int(class_config_value(vae, "z_dim")), _temporal_scale(env)
-    spatial = height // vae.find(Op.OUTPUT)[0].results[0].type.shape[3]
-    image = preprocess_image(state, spatial, z_dim).unsqueeze(2)  # the pipeline's VideoProcessor
-    clip = torch.cat([image, image.new_zeros(1, 3, frames - 1, height, width)], dim=2)
-    moments = next(iter(env.invoke(vae_name, **{x.name: clip}).values()))
-    latent = sample_latents(moments, state, mode="argmax").to(torch.float32)
-    h, w = latent.shape[3], latent.shape[4]
-    mean = torch.tensor(class_config_value(vae, "latents_mean")).view(1, z_dim, 1, 1, 1)
-    inv_std = 1.0 / torch.tensor(class_config_value(vae, "latents_std")).view(1, z_dim, 1, 1, 1)
-    latent = (latent - mean) * inv_std
-    mask = torch.ones(1, 1, frames, h, w)
-    mask[:, :, 1:] = 0
-    first = torch.repeat_interleave(mask[:, :, 0:1], dim=2, repeats=scale)
-    mask = torch.cat([first, mask[:, :, 1:]], dim=2).view(1, -1, scale, h, w).transpose(1, 2)
-    state.values["condition"] = torch.cat([mask, latent], dim=1)
-
-
-def _temporal_scale(env: HostEnv) -> int:
-    """Video frames per later latent frame: the chunk decoder's (outputs sample, next_cache0, ...)
-    `sample` frames; 4, Wan 2.1's, for a decoder that is not chunked."""
-    for vae in env.module.components("decoder"):
-        outputs = vae.find(Op.OUTPUT)
-        if [o.name for o in outputs[:2]] == ["sample", "next_cache0"]:
-            return int(outputs[0].results[0].type.shape[2])
-    return 4
 
 
 def predict_noise(env: HostEnv, name: str, state: RequestState, latents: torch.Tensor,
@@ -181,8 +109,14 @@ def predict_noise(env: HostEnv, name: str, state: RequestState, latents: torch.T
 
 
 def denoiser_inputs(state: RequestState, latents: torch.Tensor, t: torch.Tensor, text: torch.Tensor) -> dict:
-    """One pass's transformer inputs; image-to-video adds the condition channels and image embeddings."""
+    """One pass's transformer inputs; image-to-video adds the condition channels and image embeddings,
+    or (expand_timesteps) blends frame 0 and gives t per token: 0 on frame 0's, as the pipeline's
+    `first_frame_mask[0][0][:, ::2, ::2] * t`."""
     inputs = dict(hidden_states=latents, timestep=t.expand(latents.shape[0]), encoder_hidden_states=text)
+    if "first_frame" in state.values:
+        inputs["hidden_states"] = with_first_frame(state, latents)
+        per_token = (first_frame_mask(latents)[0][0][:, ::2, ::2] * t).flatten()
+        inputs["timestep"] = per_token.unsqueeze(0).expand(latents.shape[0], -1)
     if "condition" in state.values:  # the pipeline's cat([latents, condition], dim=1) every step
         inputs["hidden_states"] = torch.cat([latents, state.values["condition"]], dim=1)
     if "image_embeds" in state.values:
@@ -204,9 +138,9 @@ def denoise(env: HostEnv, step: Node, state: RequestState) -> None:
     if len(names) != (1 if ratio is None else 2):
         raise DiffletError(f"wan.denoise takes one denoiser, or two with `boundary_ratio` (a high-noise and a "
                            f"low-noise expert); got {len(names)} and boundary_ratio {ratio}", where=step.loc)
-    if step.attrs.get("expand_timesteps") and "condition" in state.values:
-        raise DiffletError("wan.denoise with expand_timesteps serves text to video only: image "
-                           "conditioning needs a per-token timestep, which is not built", where=step.loc)
+    if "first_frame" in state.values and not step.attrs.get("expand_timesteps"):
+        raise DiffletError("wan.denoise: the image's first-frame latent needs `expand_timesteps: true` "
+                           "(t per token), as the pipeline's config sets both", where=step.loc)
     for name in names:
         _check_inputs(env, name, state, step)
     scheduler = make_scheduler(step)
@@ -227,6 +161,8 @@ def denoise(env: HostEnv, step: Node, state: RequestState) -> None:
         # the conditional pass's inputs; the probe's feature reads no text, so either pass's is the same
         probe_inputs=lambda x, t: denoiser_inputs(state, x, t, state.values["prompt_embeds"]),
         restart_at=switch)
+    if "first_frame" in state.values:  # the pipeline's last blend, before decoding
+        state.values["latents"] = with_first_frame(state, state.values["latents"])
 
 
 def _check_inputs(env: HostEnv, name: str, state: RequestState, step: Node) -> None:
@@ -239,6 +175,12 @@ def _check_inputs(env: HostEnv, name: str, state: RequestState, step: Node) -> N
     if extra:  # Wan attends its zero-padded text unmasked: nothing else crosses per request
         raise DiffletError(f"transformer {name!r} takes inputs {extra} that wan.denoise does not "
                            f"provide", where=step.loc)
+    timestep = input_type(node, "timestep").shape
+    if len(timestep) != (2 if "first_frame" in state.values else 1):
+        want = "[1, tokens]: t per token, for the image's first frame" if "first_frame" in state.values \
+            else "[1]: the step's one t"
+        raise DiffletError(f"transformer {name!r}: its timestep input must be {want}; it is "
+                           f"{list(timestep)}", where=node.loc)
 
 
 @host_step("wan.decode", phase="decode")

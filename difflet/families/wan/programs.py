@@ -100,11 +100,17 @@ class WanProbe(FeatureProbe):
 
     def feature(self, named: dict[str, torch.Tensor]) -> torch.Tensor:
         hidden = self.patch_embedding(named["hidden_states"]).flatten(2).transpose(1, 2)
+        timestep = named["timestep"]
+        per_token = timestep.ndim == 2  # t per token (Wan 2.2 TI2V's expand_timesteps): [1, S]
         # WanTimeTextImageEmbedding's timestep path, as its forward casts it
-        proj = self.timesteps_proj(named["timestep"]).to(next(iter(self.time_embedder.parameters())).dtype)
-        temb = self.time_embedder(proj).type_as(hidden)
-        timestep_proj = self.time_proj(self.act_fn(temb)).unflatten(1, (6, -1))
-        shift, scale = (self.block.scale_shift_table + timestep_proj.float()).chunk(6, dim=1)[:2]
+        proj = self.timesteps_proj(timestep.flatten())
+        proj = proj.unflatten(0, (-1, timestep.shape[1])) if per_token else proj
+        temb = self.time_embedder(proj.to(next(iter(self.time_embedder.parameters())).dtype)).type_as(hidden)
+        timestep_proj = self.time_proj(self.act_fn(temb)).unflatten(temb.ndim - 1, (6, -1))
+        table = self.block.scale_shift_table.unsqueeze(0) if per_token else self.block.scale_shift_table
+        shift, scale = (table + timestep_proj.float()).chunk(6, dim=temb.ndim - 1)[:2]
+        if per_token:  # [1, S, 1, D] -> [1, S, D], as WanTransformerBlock squeezes them
+            shift, scale = shift.squeeze(2), scale.squeeze(2)
         return (self.block.norm1(hidden.float()) * (1 + scale) + shift).type_as(hidden)
 
 
@@ -149,7 +155,7 @@ CLASSES = {
                         joint_prefixes=(),  # no joint sequence: self-attention and text cross-attention
                         processor=_wan_split_processor,
                         stream_entries={"blocks.0": 1}, stream_exits={"proj_out": 1},
-                        cp_tables={"rope": 1}),
+                        cp_tables={"rope": 1}, stream_inputs={"timestep": 1}),  # TI2V's t per token
         probe=ProbeDecl(inputs=("hidden_states", "timestep"), build=WanProbe),
         blocks=BlockDecl(stacks=("blocks",), outputs=("hidden_states",), tail=("hidden_states",))),
     "transformers.UMT5EncoderModel": ClassDecl(wrapper=wrap_umt5),

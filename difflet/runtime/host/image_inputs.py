@@ -30,14 +30,16 @@ def generator(state: RequestState) -> torch.Generator:
 
 
 def preprocess_image(state: RequestState, vae_scale_factor: int, latent_channels: int,
-                     width: int | None = None, height: int | None = None) -> torch.Tensor:
-    """The request's first input image as the pipeline's image_processor.preprocess makes it at
-    width x height (default: the request's size): float32 [1, 3, H, W] in [-1, 1]."""
+                     width: int | None = None, height: int | None = None, index: int = 0) -> torch.Tensor:
+    """The request's input image `index` (default the first) as the pipeline's
+    image_processor.preprocess makes it at width x height (default: the request's size): float32
+    [1, 3, H, W] in [-1, 1]."""
     from diffusers.image_processor import VaeImageProcessor
 
     params = state.params
     processor = VaeImageProcessor(vae_scale_factor=vae_scale_factor, vae_latent_channels=latent_channels)
-    image = processor.preprocess(to_pil(params.image[0]), height=height or params.height, width=width or params.width)
+    image = processor.preprocess(to_pil(params.image[index]), height=height or params.height,
+                                 width=width or params.width)
     return image.to(dtype=torch.float32)
 
 

@@ -9,7 +9,8 @@ Invariants:
   and have no effect), `model`, the `size` text ("WxH"), `seed`'s type (absent = a fresh random
   seed per image, reported back in each reply item; image i of n takes seed + i), the reply
   options, a video's `fps` (the model's) and `seconds` (a frame count at that rate), and a
-  video's `input_reference` (one file part, or a base64 data URL: never fetched) as `image`.
+  video's `input_reference` (one file part, or a base64 data URL: never fetched) as `image`, with
+  Difflet's `last_image` (the same forms) as its second image, a first-last-frame model's last.
 """
 from __future__ import annotations
 
@@ -38,8 +39,8 @@ EDIT_FILES = ("image", "image[]", "mask")
 EDIT_FIELDS = IMAGE_FIELDS + EDIT_FILES + ("input_fidelity",)
 EDIT_SPELLED = {"mask_image": "mask"}
 # POST /v1/videos: OpenAI's `input_reference` (the openai package sends a file part) is the
-# request's `image`, the first frame of an image-to-video model
-VIDEO_FILES = ("input_reference",)
+# request's `image`, the first frame of an image-to-video model; `last_image` (Difflet's) its last
+VIDEO_FILES = ("input_reference", "last_image")
 VIDEO_FIELDS = COMMON + tuple(HTTP_NAME[f] for f in VIDEO_ONLY) + ("seconds", "fps") + VIDEO_FILES + IGNORED
 DATA_URL = "data:"
 
@@ -224,28 +225,29 @@ def edit_request(body: Any, info) -> tuple[dict[str, Any], dict[str, Any]]:
     return fields, opts
 
 
-def input_reference(value: Any) -> bytes | None:
-    """A video body's `input_reference` -> the image file's bytes: one multipart part (a file,
-    or a text part holding a data URL), or a JSON string `data:<type>;base64,<data>`."""
+def input_reference(value: Any, name: str = "input_reference") -> bytes | None:
+    """A video body's `input_reference` (or `last_image`, `name`) -> the image file's bytes: one
+    multipart part (a file, or a text part holding a data URL), or a JSON string
+    `data:<type>;base64,<data>`."""
     if value is None:
         return None
     if isinstance(value, list) and all(isinstance(v, bytes) for v in value):  # multipart parts
         if len(value) != 1:
-            raise bad_field("input_reference", f"{len(value)} parts given; send one image")
+            raise bad_field(name, f"{len(value)} parts given; send one image")
         value = value[0]
         if not value.startswith(DATA_URL.encode()):
             return value
         value = value.decode("ascii", "replace")
     if not isinstance(value, str) or not value.startswith(DATA_URL):
-        raise bad_field("input_reference", "must be an image file part or a data URL "
-                                           "(data:image/png;base64,...); URLs and file ids are not fetched")
+        raise bad_field(name, "must be an image file part or a data URL "
+                              "(data:image/png;base64,...); URLs and file ids are not fetched")
     head, comma, data = value.partition(",")
     if not comma or not head.endswith(";base64"):
-        raise bad_field("input_reference", "a data URL must be base64: data:<type>;base64,<data>")
+        raise bad_field(name, "a data URL must be base64: data:<type>;base64,<data>")
     try:
         return base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
-        raise bad_field("input_reference", "the data URL's base64 is damaged") from None
+        raise bad_field(name, "the data URL's base64 is damaged") from None
 
 
 def video_request(body: Any, info, fps: float) -> tuple[dict[str, Any], dict[str, str]]:
@@ -254,7 +256,10 @@ def video_request(body: Any, info, fps: float) -> tuple[dict[str, Any], dict[str
     `input_reference` is the request's `image` (decoded and checked by admission)."""
     fields = _common(body, info, VIDEO_FIELDS)
     image = input_reference(body.get("input_reference"))
-    fields["image"] = None if image is None else [image]
+    last = input_reference(body.get("last_image"), "last_image")
+    if last is not None and image is None:
+        raise bad_field("last_image", "needs input_reference, the first frame, beside it")
+    fields["image"] = None if image is None else [image] + ([last] if last is not None else [])
     spelled = {"image": "input_reference"}
     rate = _number(body, "fps")
     if rate is not None and rate != fps:

@@ -63,7 +63,11 @@ def _http_fields(api, kind: str) -> dict[str, Any]:
                      input_reference={"anyOf": [{"type": "string", "format": "binary"},
                                                 {"type": "string", "pattern": "^data:"}],
                                       "description": "image-to-video: the first frame, a PNG, JPEG or WebP "
-                                                     "file part or a base64 data URL"})
+                                                     "file part or a base64 data URL"},
+                     last_image={"anyOf": [{"type": "string", "format": "binary"},
+                                           {"type": "string", "pattern": "^data:"}],
+                                 "description": "first-last-frame to video (Difflet's): the last frame, "
+                                                "in input_reference's forms"})
     allowed = (*{"image": F.IMAGE_FIELDS, "edit": F.EDIT_FIELDS}.get(kind, F.VIDEO_FIELDS), "timeout")
     assert set(props) == set(allowed), set(props) ^ set(allowed)  # the spec is what fields.py reads
     return props
