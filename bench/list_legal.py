@@ -27,7 +27,8 @@ MODELS = (("FLUX.1-dev", "flux"), ("Qwen-Image", "qwen-image"), ("Wan 2.1 T2V 14
           ("HunyuanVideo", "hunyuan-video"), ("LTX-2", "ltx2"),
           ("Wan 2.2 T2V A14B (two experts)", "wan2.2-a14b"), ("Wan 2.2 TI2V-5B (text to video)", "wan2.2-ti2v-5b"),
           ("Wan 2.2 I2V A14B (two experts)", "wan2.2-i2v-a14b"),
-          ("Wan 2.2 TI2V-5B (image to video)", "wan2.2-ti2v-5b-i2v"))
+          ("Wan 2.2 TI2V-5B (image to video)", "wan2.2-ti2v-5b-i2v"),
+          ("FLUX.2 [klein] 4B (distilled)", "flux2-klein-4b"), ("FLUX.2 [klein] base 4B", "flux2-klein-base-4b"))
 
 
 def shape(m: Module) -> str:

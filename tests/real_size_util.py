@@ -11,15 +11,16 @@ from click.testing import CliRunner
 from difflet.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
-# models/*.dsl at real size: the five families and FLUX.1-schnell (the others are -tiny, -tiny4,
+# models/*.dsl at real size: the five families, FLUX.1-schnell and FLUX.2 [klein] base 4B (the others are -tiny, -tiny4,
 # -bf16, -bench and flux-shapes: toy widths, covered by test_graph_checks.py's tiny cases)
-REAL_SIZE = ("flux", "flux-schnell", "qwen-image", "wan2.1", "hunyuan-video", "ltx2")
+REAL_SIZE = ("flux", "flux-schnell", "qwen-image", "wan2.1", "hunyuan-video", "ltx2", "flux2-klein-base-4b")
 # image-input profiles (issue 29) -> their base description (test_check_image_inputs_real_size.py)
 IMAGE_INPUT = {"flux-img2img": "flux", "flux-inpaint": "flux", "qwen-image-img2img": "qwen-image",
                "qwen-image-inpaint": "qwen-image", "wan2.1-i2v": "wan2.1", "flux-kontext": "flux",
                "ltx2-i2v": "ltx2", "wan2.2-ti2v-5b-i2v": "wan2.2-ti2v-5b", "wan2.1-flf2v": "wan2.1-i2v"}
 # current generations (issue 30) built from a base description's classes and configs -> that base
-GENERATIONS = {"wan2.2-a14b": "wan2.1", "wan2.2-ti2v-5b": "wan2.1", "wan2.2-i2v-a14b": "wan2.2-a14b"}
+GENERATIONS = {"wan2.2-a14b": "wan2.1", "wan2.2-ti2v-5b": "wan2.1", "wan2.2-i2v-a14b": "wan2.2-a14b",
+               "flux2-klein-4b": "flux2-klein-base-4b"}
 
 
 def lowering(tmp: Path):

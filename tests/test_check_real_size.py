@@ -34,6 +34,18 @@ def lowered(tmp_path_factory):
     return lowering(tmp_path_factory.mktemp("real-size"))
 
 
+def test_flux2_klein_distilled_is_the_base_description_but_its_schedule(lowered):
+    """FLUX.2 [klein] 4B (step-distilled) has klein base 4B's components exactly (the checkpoints
+    share architecture and configs), so the base's graph check covers it; only the profile's steps
+    and guidance and the guidance mode differ."""
+    base, _ = lowered(GENERATIONS["flux2-klein-4b"])
+    module, _ = lowered("flux2-klein-4b")
+    keys = ("class", "config", "dtype", "entry", "inputs", "outputs")
+    assert [c.name for c in module.components()] == [c.name for c in base.components()]
+    assert all(c.attrs.get(k) == base.component(c.name).attrs.get(k) for c in module.components() for k in keys)
+    assert (module.attrs["profile"]["steps"], base.attrs["profile"]["steps"]) == (4, 50)
+
+
 @pytest.mark.slow
 def test_flux_schnell_differs_from_flux_only_in_its_transformer_which_passes(lowered):
     """FLUX.1-schnell's encoders and VAE are FLUX.1-dev's classes with the same configs and dtypes

@@ -72,7 +72,7 @@ def test_unsupported_missing_and_random_checkpoints_are_named(tmp_path):
     assert err.value.where == str(tmp_path / "sd" / "model_index.json")
     assert err.value.message == ("_class_name 'StableDiffusionPipeline' is not a pipeline Difflet serves "
                                  "(supported: FluxPipeline, QwenImagePipeline, WanPipeline, "
-                                 "HunyuanVideoPipeline, LTX2Pipeline, FluxKontextPipeline, "
+                                 "HunyuanVideoPipeline, LTX2Pipeline, Flux2KleinPipeline, FluxKontextPipeline, "
                                  "WanImageToVideoPipeline)")
     with pytest.raises(DiffletError, match="no model_index.json") as err:
         description_for(str(tmp_path))

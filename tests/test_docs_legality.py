@@ -28,7 +28,8 @@ GOLDEN = REPO / "tests" / "golden" / "passes"
 MODELS = {"FLUX.1-dev": "flux", "Qwen-Image": "qwen-image", "Wan 2.1 T2V 14B": "wan2.1",
           "HunyuanVideo": "hunyuan-video", "LTX-2": "ltx2", "Wan 2.2 T2V A14B (two experts)": "wan2.2-a14b",
           "Wan 2.2 TI2V-5B (text to video)": "wan2.2-ti2v-5b", "Wan 2.2 I2V A14B (two experts)": "wan2.2-i2v-a14b",
-          "Wan 2.2 TI2V-5B (image to video)": "wan2.2-ti2v-5b-i2v"}
+          "Wan 2.2 TI2V-5B (image to video)": "wan2.2-ti2v-5b-i2v", "FLUX.2 [klein] 4B (distilled)": "flux2-klein-4b",
+          "FLUX.2 [klein] base 4B": "flux2-klein-base-4b"}
 # models served at their authors' defaults where diffusers' __call__ differs: Wan 2.2 A14B's
 # wan/configs/wan_t2v_A14B.py sample_guide_scale (4.0 high-noise, 3.0 low-noise), not 5.0, and
 # I2V A14B's wan_i2v_A14B.py (3.5 both)
@@ -37,7 +38,8 @@ SUMMARY_HEAD = "| model | default shape | visual tokens | text tokens | guidance
 # models.md: (pixels per token side, video frames per latent frame) of each family's VAE + patch
 COMPRESSION = {"flux": (16, None), "qwen-image": (16, None), "wan2.1": (16, 4), "hunyuan-video": (16, 4),
                "ltx2": (32, 8), "wan2.2-a14b": (16, 4), "wan2.2-i2v-a14b": (16, 4),
-               "wan2.2-ti2v-5b": (32, 4), "wan2.2-ti2v-5b-i2v": (32, 4)}  # Wan 2.2 VAE: 16x spatial (convert_wan_to_diffusers.py), 2x2 patches
+               "wan2.2-ti2v-5b": (32, 4), "wan2.2-ti2v-5b-i2v": (32, 4),
+               "flux2-klein-4b": (16, None), "flux2-klein-base-4b": (16, None)}  # Wan 2.2 VAE: 16x spatial (convert_wan_to_diffusers.py), 2x2 patches
 LTX2_AUDIO_TOKENS_PER_S, LTX2_FPS = 16000 / 160 / 4, 24  # models.md: 16 kHz, hop 160, scale 4; 24 fps
 
 

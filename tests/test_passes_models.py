@@ -29,14 +29,16 @@ GOLDEN = REPO / "tests" / "golden" / "passes"
 PINNED = dict(compiler_version="neuronx-cc==pinned-for-test")
 MODELS = ("flux", "qwen-image", "wan2.1", "hunyuan-video", "ltx2")
 # the current generations (issue 30): planned and listed, not all at the paper's TP4 on 4 cores
-GENERATIONS = ("wan2.2-a14b", "wan2.2-ti2v-5b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b-i2v")
+GENERATIONS = ("wan2.2-a14b", "wan2.2-ti2v-5b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b-i2v", "flux2-klein-4b",
+               "flux2-klein-base-4b")
 # models.md: visual tokens (LTX-2: + 126 audio) and text tokens at each DSL's default shape; Wan 2.2
 # A14B 720x1280x81 at Wan 2.1's 16 px and 4 frames per token, TI2V-5B 704x1280x121 at 32 px (its
 # VAE's 16x, then 2x2 patches) and 4 frames
 TOKENS = {"flux": (4096, 512, 0), "qwen-image": (4096, 512, 0), "wan2.1": (32760, 512, 0),
           "hunyuan-video": (10240, 256, 0), "ltx2": (6144, 1024, 126),
           "wan2.2-a14b": (45 * 80 * 21, 512, 0), "wan2.2-ti2v-5b": (22 * 40 * 31, 512, 0),
-          "wan2.2-i2v-a14b": (45 * 80 * 21, 512, 0), "wan2.2-ti2v-5b-i2v": (22 * 40 * 31, 512, 0)}
+          "wan2.2-i2v-a14b": (45 * 80 * 21, 512, 0), "wan2.2-ti2v-5b-i2v": (22 * 40 * 31, 512, 0),
+          "flux2-klein-4b": (4096, 512, 0), "flux2-klein-base-4b": (4096, 512, 0)}
 
 
 @pytest.fixture(scope="module")

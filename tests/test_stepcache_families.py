@@ -1,5 +1,5 @@
 """The step-caching probe of every family's denoiser beside FLUX's (Qwen-Image, Wan 2.1,
-HunyuanVideo, LTX-2), each on its tiny variant: the compiled probe, `difflet calibrate` and a
+HunyuanVideo, LTX-2, FLUX.2 [klein]), each on its tiny variant: the compiled probe, `difflet calibrate` and a
 calibrated serve.
 
 Oracles: the feature is the input the whole diffusers denoiser hands its first block's
@@ -31,6 +31,7 @@ FAMILIES = {
     "wan2.1-tiny": "blocks.0.attn1",
     "hunyuan-video-tiny": "transformer_blocks.0.attn",
     "ltx2-tiny": "transformer_blocks.0.attn1",
+    "flux2-tiny": "transformer_blocks.0.attn",
 }
 CAL_STEPS = 12  # the fewest calibrate accepts: 5 + 5 kept full, 2 cacheable
 

@@ -32,6 +32,7 @@ FAMILIES: dict[str, str] = {
     "wan": "WanPipeline",
     "hunyuan_video": "HunyuanVideoPipeline",
     "ltx2": "LTX2Pipeline",
+    "flux2": "Flux2KleinPipeline",
 }
 
 NO_FACTS = FamilyFacts()  # a module of no known family: prompt as is, embedded guidance, images

@@ -114,13 +114,20 @@ def _check_text(src: Source, decl: ast.InputDecl, shape: tuple[int, ...], cfg: A
 
 def check_decoder(src: Source, comp: ast.ComponentDecl, config: Attrs | None,
                   shapes: Mapping[str, tuple[int, ...]]) -> None:
-    """The latent input's channel dim (dim 1) must equal the config's latent_channels."""
+    """The latent input's channel dim (dim 1) must equal the config's latent_channels, times the
+    patch area when the config states a 2-D `patch_size` (a VAE decoding patchified latents:
+    AutoencoderKLFlux2)."""
     inputs = _tensor_inputs(comp, shapes)
-    latent = (config or Attrs()).get("latent_channels")
+    config = config or Attrs()
+    latent, patch = config.get("latent_channels"), config.get("patch_size")
+    if latent is not None and isinstance(patch, (list, tuple)) and len(patch) == 2:
+        latent, why = latent * patch[0] * patch[1], f"latent_channels x patch area is {latent} x {patch[0] * patch[1]}"
+    else:
+        why = f"latent_channels is {latent}"
     if inputs and latent is not None and len(inputs[0][1]) >= 2 and inputs[0][1][1] != latent:
         decl, shape = inputs[0]
-        raise src.error(f"decoder input {decl.name!r} has {shape[1]} channels but the config's "
-                        f"latent_channels is {latent}", decl.span)
+        raise src.error(f"decoder input {decl.name!r} has {shape[1]} channels but the config's {why}",
+                        decl.span)
 
 
 def check_attention(src: Source, site: ast.AttentionDecl, values: Mapping[str, Any],

@@ -1,4 +1,4 @@
-# expect: 4:1: unknown model family 'fluxx' (registered: flux, qwen_image, wan, hunyuan_video, ltx2)
+# expect: 4:1: unknown model family 'fluxx' (registered: flux, qwen_image, wan, hunyuan_video, ltx2, flux2)
 # snippet: model mini family fluxx
 # A minimal valid FLUX-shaped model: each invalid/*.dsl case is this file broken once.
 model mini family fluxx

@@ -1,0 +1,1 @@
+"""FLUX.2 [klein]: Flux2KleinPipeline (difflet/families/__init__.py)."""
