@@ -68,7 +68,8 @@ def _as_pipeline_latents(pipe, tokens: torch.Tensor) -> torch.Tensor:
     return pipe._unpatchify_latents(z)
 
 
-def _count_calls(runner, component: str) -> list:
+def _count_calls(runner) -> list:
+    """The component names of every program call the runner makes from here on (undo: del env.invoke)."""
     calls, invoke = [], runner.env.invoke
 
     def counted(name, **values):
@@ -97,7 +98,7 @@ def test_generate_equals_flux2kleinpipeline(runner, pipe, prompt, seed, steps, g
     assert_images_close(result.image, ref, what=f"{prompt!r} vs Flux2KleinPipeline")
     # random tiny weights move pixels little, so the latents are held too: what denoising added to
     # the noise, relative (a wrong guidance, shift or text row moves it by > 1e-2)
-    calls = _count_calls(runner, "transformer")
+    calls = _count_calls(runner)
     try:
         ours = _as_pipeline_latents(pipe, run_schedule(runner.env, params).values["latents"])
     finally:
@@ -218,7 +219,7 @@ def test_cfg2_layout_served_equals_the_pipeline(pipe, ckpt, tmp_path):
     assert reasons(module) == []
     with ModelRunner.from_artifacts(compile_art(module, ckpt, tmp_path / "cfg2")) as runner:
         params = runner.resolve(prompt="a red fox in the snow", seed=11, steps=3)
-        calls = _count_calls(runner, "transformer")
+        calls = _count_calls(runner)
         image = runner.generate(params).image
     assert calls.count("transformer") == params.steps  # both passes in one call
     ref = (_reference(pipe, params)[0] * 255).round().astype("uint8")

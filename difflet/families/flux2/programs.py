@@ -89,7 +89,7 @@ class Flux2BoundedAttnProcessor:
             raise DiffletError("FLUX.2's joint sequence is (text, visual)", where="order")
         self.text_len = text_len
 
-    def _attend(self, attn, query, key, value, image_rotary_emb, text_len) -> torch.Tensor:
+    def _attend(self, query, key, value, image_rotary_emb, text_len) -> torch.Tensor:
         from diffusers.models.embeddings import apply_rotary_emb
 
         if image_rotary_emb is not None:
@@ -119,7 +119,7 @@ class Flux2BoundedAttnProcessor:
         enc_k = attn.norm_added_k(enc_k.unflatten(-1, (-1, attn.head_dim)))
         enc_v = enc_v.unflatten(-1, (-1, attn.head_dim))
         text_len = encoder_hidden_states.shape[1]
-        out = self._attend(attn, torch.cat([enc_q, query], dim=1), torch.cat([enc_k, key], dim=1),
+        out = self._attend(torch.cat([enc_q, query], dim=1), torch.cat([enc_k, key], dim=1),
                            torch.cat([enc_v, value], dim=1), image_rotary_emb, text_len)
         text, visual = out.split_with_sizes([text_len, out.shape[1] - text_len], dim=1)
         return attn.to_out[1](attn.to_out[0](visual)), attn.to_add_out(text)
@@ -132,7 +132,7 @@ class Flux2BoundedAttnProcessor:
         qkv, mlp = torch.split(hidden_states, [local_qkv, hidden_states.shape[-1] - local_qkv], dim=-1)
         query, key, value = (x.unflatten(-1, (-1, attn.head_dim)) for x in qkv.chunk(3, dim=-1))
         query, key = attn.norm_q(query), attn.norm_k(key)
-        out = self._attend(attn, query, key, value, image_rotary_emb, self.text_len)
+        out = self._attend(query, key, value, image_rotary_emb, self.text_len)
         return attn.to_out(torch.cat([out, attn.mlp_act_fn(mlp)], dim=-1))
 
 
