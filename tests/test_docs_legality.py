@@ -32,8 +32,10 @@ MODELS = {"FLUX.1-dev": "flux", "Qwen-Image": "qwen-image", "Wan 2.1 T2V 14B": "
           "FLUX.2 [klein] base 4B": "flux2-klein-base-4b"}
 # models served at their authors' defaults where diffusers' __call__ differs: Wan 2.2 A14B's
 # wan/configs/wan_t2v_A14B.py sample_guide_scale (4.0 high-noise, 3.0 low-noise), not 5.0, and
-# I2V A14B's wan_i2v_A14B.py (3.5 both)
-OWN_GUIDANCE = {"wan2.2-a14b": "CFG 4.0 (2 passes)", "wan2.2-i2v-a14b": "CFG 3.5 (2 passes)"}
+# I2V A14B's wan_i2v_A14B.py (3.5 both); FLUX.2 [klein] 4B, step-distilled, at its model card's call
+# (4 steps, guidance 1.0: Flux2KleinPipeline runs no CFG when is_distilled, whatever the scale)
+OWN_GUIDANCE = {"wan2.2-a14b": "CFG 4.0 (2 passes)", "wan2.2-i2v-a14b": "CFG 3.5 (2 passes)",
+                "flux2-klein-4b": "none 1.0 (1 pass)"}
 SUMMARY_HEAD = "| model | default shape | visual tokens | text tokens | guidance | legal (memory/core) |"
 # models.md: (pixels per token side, video frames per latent frame) of each family's VAE + patch
 COMPRESSION = {"flux": (16, None), "qwen-image": (16, None), "wan2.1": (16, 4), "hunyuan-video": (16, 4),
