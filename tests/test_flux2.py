@@ -87,6 +87,7 @@ CASES = [  # prompt, seed, steps, guidance (None: the profile's 4 steps, CFG 4.0
 ]
 
 
+@pytest.mark.slow  # compiles flux2-tiny's programs (~2 min): full suite only
 @pytest.mark.parametrize("prompt,seed,steps,guidance", CASES)
 def test_generate_equals_flux2kleinpipeline(runner, pipe, prompt, seed, steps, guidance):
     from difflet.runtime.schedule import run_schedule
@@ -113,6 +114,7 @@ def test_generate_equals_flux2kleinpipeline(runner, pipe, prompt, seed, steps, g
     assert calls.count("transformer") == passes * params.steps
 
 
+@pytest.mark.slow  # compiles flux2-tiny's programs (~2 min): full suite only
 def test_text_features_equal_the_pipelines(runner, pipe):
     """The encoder program (input_ids + valid_text) equals encode_prompt's stacked layers 9, 18, 27
     on every row, padding rows included (the transformer attends them)."""
@@ -136,6 +138,7 @@ def test_prompt_template_is_the_tokenizers(pipe):
         assert facts("flux2").prompt_text(prompt, True) == rendered
 
 
+@pytest.mark.slow  # compiles flux2-tiny's programs (~2 min): full suite only
 def test_negative_prompt_and_guidance_change_the_output(runner):
     base = dict(prompt="a red fox in the snow", seed=5, steps=2)
     a = runner.generate(runner.resolve(**base)).image
@@ -154,6 +157,7 @@ def _variant(tmp_path, old, new):
     return path
 
 
+@pytest.mark.slow  # compiles flux2-tiny's programs (~2 min): full suite only
 def test_distilled_description_runs_one_pass(runner, pipe, tmp_path):
     """Mode "none" (a step-distilled checkpoint) runs one pass whatever the guidance, as the
     pipeline with is_distilled does, and its materialized checkpoint says is_distilled."""
@@ -190,6 +194,7 @@ def test_description_is_chosen_by_is_distilled(tmp_path):
         assert (REPO / "models" / f"{name}.dsl").is_file()
 
 
+@pytest.mark.slow  # compiles flux2-tiny's programs (~2 min): full suite only
 def test_refusals_name_the_place(tmp_path, runner):
     from difflet.frontend.lower import lower_file
 
