@@ -61,6 +61,20 @@ def word_level_tokenizer(vocab_size: int, special: dict[str, int], clip_style: b
                     padding_side="right")
 
 
+def chat_vocab(vocab_size: int, pad: int, specials: list[str], words: list[str], where=None) -> dict[str, int]:
+    """A Qwen-shaped word vocabulary: specials[0] at the pad id, the other specials and `words`
+    (first occurrence) on the next free ids, every id left a `tok<i>` word."""
+    ids = iter(i for i in range(vocab_size) if i != pad)
+    vocab = {specials[0]: pad}
+    for word in [*specials[1:], *words]:
+        if word not in vocab:
+            vocab[word] = next(ids, None)
+    vocab.update({f"tok{i}": i for i in ids})
+    if None in vocab.values():
+        raise DiffletError(f"vocab_size {vocab_size} is too small for the tiny tokenizer", where=where)
+    return vocab
+
+
 def save_word_level(vocab: dict[str, int], dest: Path, *, unk: str, pre_tokenizer=None,
                     post_processor=None, **fast) -> None:
     """Save a lower-casing word-level tokenizer over `vocab` as a PreTrainedTokenizerFast

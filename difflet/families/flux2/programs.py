@@ -234,17 +234,12 @@ def write_tokenizer(comp: Node, config: dict, tokenizer_attrs, dest: Path) -> bo
     added bos/eos, right padding with <|endoftext|>, and Qwen3's chat template."""
     from tokenizers import Regex, pre_tokenizers
 
-    from difflet.codegen.tiny_tokenizers import CAPTION_WORDS, save_word_level
+    from difflet.codegen.tiny_tokenizers import CAPTION_WORDS, chat_vocab, save_word_level
 
     vocab_size, pad = int(config["vocab_size"]), int(config.get("pad_token_id") or 0)
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<unk>"]
-    ids = iter(i for i in range(vocab_size) if i != pad)
-    vocab = {specials[0]: pad}
-    for word in [*specials[1:], "\n", "user", "assistant", *CAPTION_WORDS]:
-        vocab.setdefault(word, next(ids, None))
-    vocab.update({f"tok{i}": i for i in ids})
-    if None in vocab.values():
-        raise DiffletError(f"vocab_size {vocab_size} is too small for the tiny tokenizer", where=comp.loc)
+    vocab = chat_vocab(vocab_size, pad, specials, ["\n", "user", "assistant", *CAPTION_WORDS],
+                       where=comp.loc if comp is not None else None)
     split = pre_tokenizers.Split(Regex(r"<\|?/?\w+\|?>|\n|\w+|[^\w\s]+"), behavior="removed", invert=True)
     save_word_level(vocab, dest, unk="<unk>", pre_tokenizer=split,
                     model_max_length=int(tokenizer_attrs["max_length"]), pad_token="<|endoftext|>",

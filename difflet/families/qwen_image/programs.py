@@ -74,7 +74,7 @@ def write_tokenizer(comp: Node, config: dict, tokenizer_attrs, dest: Path) -> bo
     no added bos/eos, right padding with <|endoftext|> (the text config's pad id)."""
     from tokenizers import Regex, pre_tokenizers
 
-    from difflet.codegen.tiny_tokenizers import CAPTION_WORDS, save_word_level
+    from difflet.codegen.tiny_tokenizers import CAPTION_WORDS, chat_vocab, save_word_level
 
     text = config.get("text_config", config)
     vocab_size, pad = int(text["vocab_size"]), int(text.get("pad_token_id") or 0)
@@ -82,14 +82,7 @@ def write_tokenizer(comp: Node, config: dict, tokenizer_attrs, dest: Path) -> bo
     words = ["\n", *PROMPT_TEMPLATE.replace("{}", " ").replace("<|im_start|>", " ")
              .replace("<|im_end|>", " ").replace(",", " , ").replace(":", " : ").lower().split(),
              *CAPTION_WORDS]
-    ids = iter(i for i in range(vocab_size) if i != pad)
-    vocab = {specials[0]: pad}
-    for word in [*specials[1:], *words]:
-        if word not in vocab:
-            vocab[word] = next(ids, None)
-    vocab.update({f"tok{i}": i for i in ids})
-    if None in vocab.values():
-        raise DiffletError(f"vocab_size {vocab_size} is too small for the tiny tokenizer", where=comp.loc)
+    vocab = chat_vocab(vocab_size, pad, specials, words, where=comp.loc if comp is not None else None)
     # keep "\n" as a token (Qwen's BPE does): the template is then 34 tokens before the prompt
     split = pre_tokenizers.Split(Regex(r"\n|\w+|[^\w\s]+"), behavior="removed", invert=True)
     save_word_level(vocab, dest, unk="<unk>", pre_tokenizer=split,
