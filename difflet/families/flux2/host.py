@@ -36,17 +36,6 @@ from difflet.runtime.host.toolkit import (class_config_value, guidance, input_sh
                                           schedule_step)
 
 
-def compute_empirical_mu(image_seq_len: int, num_steps: int) -> float:
-    """Flux2KleinPipeline's resolution and step-count shift (pipeline_flux2_klein.py, same constants)."""
-    a1, b1 = 8.73809524e-05, 1.89833333
-    a2, b2 = 0.00016927, 0.45666666
-    if image_seq_len > 4300:
-        return float(a2 * image_seq_len + b2)
-    m_200, m_10 = a2 * image_seq_len + b2, a1 * image_seq_len + b1
-    a = (m_200 - m_10) / 190.0
-    return float(a * num_steps + (m_200 - 200.0 * a))
-
-
 @lru_cache(maxsize=16)
 def rope_tables(axes_dim: tuple[int, ...], theta: float, rows: int, cols: int,
                 text_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,7 +103,9 @@ def prepare_latents(env: HostEnv, step: Node, state: RequestState) -> None:
 
 def timesteps_for(scheduler, num_steps: int, image_seq_len: int) -> torch.Tensor:
     """The pipeline's schedule: sigmas linspace(1, 1/N, N) (none with use_flow_sigmas), the
-    empirical mu, begin index 0."""
+    pipeline's own empirical mu, begin index 0."""
+    from diffusers.pipelines.flux2.pipeline_flux2_klein import compute_empirical_mu
+
     sigmas = np.linspace(1.0, 1 / num_steps, num_steps)
     mu = compute_empirical_mu(image_seq_len, num_steps)
     if getattr(scheduler.config, "use_flow_sigmas", False):

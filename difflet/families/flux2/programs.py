@@ -29,7 +29,7 @@ from difflet.codegen.probe_feature import FeatureProbe
 from difflet.codegen.joint_ops import joint_bounded_attention
 from difflet.codegen.program_module import ProgramModule
 from difflet.errors import DiffletError
-from difflet.families.facts import guidance_spec
+from difflet.families.facts import find_step, guidance_spec
 from difflet.families.flux2.facts import DENOISER, FACTS, TEXT_ENCODER, TEXT_LAYERS
 from difflet.ir.nodes import Node, Op
 from difflet.kernels.select import FUSED
@@ -41,11 +41,8 @@ VAE = "diffusers.AutoencoderKLFlux2"
 def index_config(module) -> dict:
     """Flux2KleinPipeline's registered config: `is_distilled` (no CFG) when the description's
     guidance mode is "none"."""
-    from difflet.families.facts import steps
-
-    mode = next((guidance_spec(s, FACTS.default_guidance)["mode"] for s in steps(module)
-                 if s.attrs.get("guidance") is not None), FACTS.default_guidance)
-    return {"is_distilled": mode == "none"}
+    step = find_step(module, "flux2.denoise")
+    return {"is_distilled": guidance_spec(step, FACTS.default_guidance)["mode"] == "none"}
 
 
 def _input_names(node: Node) -> list[str]:
